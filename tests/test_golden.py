@@ -1,0 +1,81 @@
+"""Golden cases, Istio style: tests/golden/<case>.yaml (or the pod named by `input:` in <case>.context.yaml)
+goes in; <case>.patch.json (the exact operations the API server receives), <case>.mutated.yaml (the pod
+with the patch applied) and <case>.answer.yaml (allowed, warnings, audit annotations) come out.
+REFRESH_GOLDEN=1 rewrites the outputs; read the diff before committing it."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.support import GOLDEN, apply, decoded_patch, load_yaml, validate
+from webhook.config import build_settings
+from webhook.mutation.facts import Facts, RequestFacts, cluster_facts
+from webhook.mutation.plan import plan
+from webhook.review import response
+
+OUTPUTS = (".patch.json", ".mutated.yaml", ".answer.yaml")
+REFRESH = os.environ.get("REFRESH_GOLDEN") == "1"
+
+
+def _cases() -> list[str]:
+    names = {p.name.removesuffix(".context.yaml") for p in GOLDEN.glob("*.context.yaml")}
+    names |= {p.stem for p in GOLDEN.glob("*.yaml") if p.name.count(".") == 1}
+    return sorted(names)
+
+
+def _case(name: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    context_path = GOLDEN / f"{name}.context.yaml"
+    context = (load_yaml(context_path) or {}) if context_path.exists() else {}
+    source = GOLDEN / context["input"] if "input" in context else GOLDEN / f"{name}.yaml"
+    return load_yaml(source), context
+
+
+def _run(obj: dict[str, Any], context: dict[str, Any]) -> dict[str, Any]:
+    settings = build_settings(context.get("settings", {}))
+    namespace = context.get("namespace") or obj["metadata"].get("namespace", "default")
+    facts = Facts(RequestFacts(namespace), cluster_facts(context.get("namespaceLabels")))
+    return response("golden", plan(obj, facts, settings), settings)
+
+
+def _check(path: Path, actual: str) -> None:
+    if REFRESH:
+        path.write_text(actual)
+        return
+    assert path.exists(), f"{path.name} is missing: run with REFRESH_GOLDEN=1 and review the new file"
+    assert actual == path.read_text(), f"{path.name} differs from what the webhook now produces"
+
+
+def _dump(data: Any) -> str:
+    return yaml.safe_dump(data, sort_keys=False, width=120)
+
+
+def test_every_golden_output_has_a_case() -> None:
+    cases = set(_cases())
+    stale = [p.name for p in GOLDEN.iterdir() if p.name.endswith(OUTPUTS) and p.name.split(".")[0] not in cases]
+    stale = [p for p in stale if next((p.removesuffix(s) for s in OUTPUTS if p.endswith(s)), p) not in cases]
+    assert not stale, f"golden outputs without an input case: {stale}"
+    assert len(cases) >= 30
+
+
+@pytest.mark.parametrize("name", _cases())
+def test_golden(name: str) -> None:
+    obj, context = _case(name)
+    answer = _run(obj, context)
+    ops = decoded_patch(answer)
+    mutated = apply(obj, ops)
+    _check(GOLDEN / f"{name}.patch.json", json.dumps(ops, indent=2) + "\n")
+    _check(GOLDEN / f"{name}.mutated.yaml", _dump(mutated))
+    summary = {k: answer[k] for k in ("allowed", "status", "warnings", "auditAnnotations") if k in answer}
+    _check(GOLDEN / f"{name}.answer.yaml", _dump(summary))
+
+    validate(mutated)
+    for warning in answer.get("warnings", []):
+        assert len(warning) <= 120, f"the API server truncates warnings over 120 characters: {warning!r}"
+    again = _run(mutated, context)
+    assert decoded_patch(again) == [], "re-running the webhook on its own output must change nothing"

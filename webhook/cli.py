@@ -1,0 +1,124 @@
+"""The `copilot-webhook` command line: serve, certs generate, preview, config show.
+
+Exit codes: 0 success, 2 usage or invalid configuration, 1 other failures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from webhook.config import ConfigError, Settings, dump_settings, load_settings
+from webhook.preview import OUTPUTS, RUNTIMES, preview
+from webhook.review import RequestError
+
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="copilot-webhook", description=__doc__.splitlines()[0] if __doc__ else None)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = commands.add_parser("serve", help="run the HTTPS webhook server")
+    serve.add_argument("--config", help="YAML configuration file (default: $COPILOT_WEBHOOK_CONFIG)")
+    serve.add_argument("--host")
+    serve.add_argument("--port", type=int)
+    serve.add_argument("--tls-cert")
+    serve.add_argument("--tls-key")
+    serve.add_argument("--client-ca", help="require client certificates signed by this CA")
+    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+    certs = commands.add_parser("certs", help="certificates for the webhook Service")
+    certs_commands = certs.add_subparsers(dest="certs_command", required=True, metavar="COMMAND")
+    generate = certs_commands.add_parser("generate", help="write ca.crt, tls.crt and tls.key; print the caBundle")
+    generate.add_argument("--out", required=True, help="directory to write into")
+    generate.add_argument("--service", required=True)
+    generate.add_argument("--namespace", required=True)
+    generate.add_argument("--dns", action="append", default=[], help="extra DNS name (repeatable)")
+    generate.add_argument("--ip", action="append", default=[], help="extra IP address (repeatable)")
+    generate.add_argument("--days", type=int, default=365, help="serving certificate lifetime (default 365)")
+
+    show = commands.add_parser("preview", help="what the webhook would do to the objects in a file")
+    show.add_argument("-f", "--filename", required=True, help="Pod, workload, AdmissionReview or List; JSON or YAML; - for stdin")
+    show.add_argument("--runtime", choices=RUNTIMES)
+    show.add_argument("--node")
+    show.add_argument("--namespace")
+    show.add_argument("--output", "-o", choices=OUTPUTS, default="json")
+    show.add_argument("--config", help="YAML configuration file")
+
+    config = commands.add_parser("config", help="configuration")
+    config_commands = config.add_subparsers(dest="config_command", required=True, metavar="COMMAND")
+    config_show = config_commands.add_parser("show", help="print the effective configuration")
+    config_show.add_argument("--config", help="YAML configuration file")
+    return parser
+
+
+def _serve_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    pairs = {"host": args.host, "port": args.port, "tlsCert": args.tls_cert, "tlsKey": args.tls_key, "clientCa": args.client_ca}
+    server = {k: v for k, v in pairs.items() if v is not None}
+    return {"server": server} if server else {}
+
+
+def settings_for(args: argparse.Namespace) -> Settings:
+    overrides = _serve_overrides(args) if args.command == "serve" else {}
+    return load_settings(getattr(args, "config", None), overrides=overrides)
+
+
+def _preview(args: argparse.Namespace, settings: Settings) -> int:
+    try:
+        body = sys.stdin.buffer.read() if args.filename == "-" else Path(args.filename).read_bytes()
+    except OSError as exc:
+        print(f"copilot-webhook: cannot read {args.filename}: {exc.strerror}", file=sys.stderr)
+        return EXIT_FAILURE
+    content_type = "application/json" if args.filename.endswith(".json") else "application/yaml"
+    params = {k: v for k, v in {"runtime": args.runtime, "node": args.node, "namespace": args.namespace, "output": args.output}.items() if v}
+    try:
+        content, _ = preview(body, content_type, params, settings)
+    except RequestError as exc:
+        print(f"copilot-webhook: {args.filename}: {exc.message}", file=sys.stderr)
+        return EXIT_FAILURE
+    sys.stdout.buffer.write(content if content.endswith(b"\n") or not content else content + b"\n")
+    return EXIT_OK
+
+
+def _certs(args: argparse.Namespace) -> int:
+    from certs.authority import generate_files
+
+    try:
+        paths, bundle = generate_files(args.out, args.service, args.namespace, args.dns, args.ip, args.days)
+    except (OSError, ValueError) as exc:
+        print(f"copilot-webhook: certs generate: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    for name, path in paths.items():
+        print(f"wrote {path}", file=sys.stderr)
+    print(bundle)
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "certs":
+        if args.days < 1:
+            print("copilot-webhook: --days must be at least 1", file=sys.stderr)
+            return EXIT_USAGE
+        return _certs(args)
+    try:
+        settings = settings_for(args)
+    except ConfigError as exc:
+        print(f"copilot-webhook: invalid configuration: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.command == "config":
+        sys.stdout.write(yaml.safe_dump(dump_settings(settings), sort_keys=False))
+        return EXIT_OK
+    if args.command == "preview":
+        return _preview(args, settings)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from webhook.serve import serve
+
+    return serve(settings, getattr(args, "config", None), _serve_overrides(args))

@@ -1,0 +1,203 @@
+"""The configuration model: defaults, then a YAML file, then COPILOT_WEBHOOK_* environment variables.
+
+This is the only module that reads settings from files or the environment. Keys are camelCase and equal
+to the Helm values keys. Unknown keys and invalid values are refused with a message that names the key,
+the bad value and what is allowed.
+
+The environment is merged by hand rather than through pydantic-settings' env source: that source matches
+names case-insensitively against field names, not camelCase aliases, and silently ignores unknown
+variables, while we must refuse `COPILOT_WEBHOOK_PTRACE__MOOD` as loudly as `ptrace: {mood: ...}`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic.alias_generators import to_camel
+
+ENV_PREFIX = "COPILOT_WEBHOOK_"
+CONFIG_ENV = "COPILOT_WEBHOOK_CONFIG"
+
+PtraceMode = Literal["add", "drop", "keep"]
+PtraceTarget = Literal["primary", "sidecar", "all"]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True, validate_default=True
+    )
+
+
+class PtraceSettings(_Section):
+    mode: PtraceMode = "add"
+    target: PtraceTarget = "primary"
+    allow_pod_override: bool = False
+
+
+class CopilotSettings(_Section):
+    name_prefix: str = Field(default="flyte-copilot-", min_length=1)
+    commands: tuple[str, ...] = ("/bin/flyte-copilot",)
+    image_patterns: tuple[str, ...] = ("*/flyteorg/flytecopilot:*", "*/flyteorg/flytecopilot@*")
+
+
+class ServerSettings(_Section):
+    host: str = "0.0.0.0"  # noqa: S104 - a webhook in a pod must listen on the pod IP
+    port: int = Field(default=8443, ge=1, le=65535)
+    tls_cert: str = "certs/dev/tls.crt"
+    tls_key: str = "certs/dev/tls.key"
+    client_ca: str | None = None
+    tls_min_version: Literal["1.2", "1.3"] = "1.2"
+    # The API server refuses request bodies over 3 MiB after etcd's 1.5 MiB object limit is
+    # expanded by JSON encoding; controller-runtime settles on 7 MiB to leave room for both
+    # object and oldObject. We follow it.
+    max_body_bytes: int = Field(default=7 * 1024 * 1024, ge=1024)
+    deadline_seconds: float = Field(default=2.0, gt=0, le=30)
+
+    @field_validator("tls_min_version", mode="before")
+    @classmethod
+    def _version_as_text(cls, value: Any) -> Any:
+        # YAML reads 1.2 as a float; the key is a version, not a number.
+        return str(value) if isinstance(value, float) else value
+
+
+class PreviewSettings(_Section):
+    enabled: bool = True
+
+
+class ClusterSettings(_Section):
+    enabled: Literal["auto", "true", "false"] = "auto"
+    kubeconfig: str | None = None
+
+    @field_validator("enabled", mode="before")
+    @classmethod
+    def _bool_as_text(cls, value: Any) -> Any:
+        return str(value).lower() if isinstance(value, bool) else value
+
+
+class Settings(_Section):
+    mode: Literal["enforce", "shadow"] = "enforce"
+    failure_policy: Literal["Ignore", "Fail"] = "Ignore"
+    ptrace: PtraceSettings = PtraceSettings()
+    copilot: CopilotSettings = CopilotSettings()
+    server: ServerSettings = ServerSettings()
+    preview: PreviewSettings = PreviewSettings()
+    cluster: ClusterSettings = ClusterSettings()
+
+
+class ConfigError(ValueError):
+    """The configuration cannot be used; the message names the key, the value and what is allowed."""
+
+
+def _describe(error: Mapping[str, Any]) -> str:
+    key = ".".join(str(part) for part in error["loc"]) or "(top level)"
+    kind = error["type"]
+    value = error.get("input")
+    if kind == "extra_forbidden":
+        return f"{key}: unknown key"
+    if kind == "literal_error":
+        allowed = error.get("ctx", {}).get("expected", "")
+        return f"{key}: {value!r} is not allowed; expected {allowed}"
+    return f"{key}: {value!r} is invalid: {error['msg']}"
+
+
+def _known_keys(model: type[BaseModel]) -> dict[str, str]:
+    """Lower-cased spellings (camelCase and snake_case) of a model's keys, mapped to the camelCase key."""
+    keys: dict[str, str] = {}
+    for name, field in model.model_fields.items():
+        alias = field.alias or name
+        keys[alias.lower()] = alias
+        keys[name.lower()] = alias
+    return keys
+
+
+def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
+    """COPILOT_WEBHOOK_PTRACE__MODE=drop -> {"ptrace": {"mode": "drop"}}; values are parsed as YAML scalars."""
+    overrides: dict[str, Any] = {}
+    for var, raw in sorted(environ.items()):
+        if not var.startswith(ENV_PREFIX) or var == CONFIG_ENV:
+            continue
+        parts = var[len(ENV_PREFIX) :].split("__")
+        model: type[BaseModel] | None = Settings
+        node = overrides
+        path: list[str] = []
+        for i, part in enumerate(parts):
+            known = _known_keys(model) if model is not None else {}
+            key = known.get(part.lower()) or known.get(part.lower().replace("_", ""))
+            if key is None:
+                where = ".".join(path) or "the top level"
+                raise ConfigError(f"{var}: unknown key {part!r} under {where}; known: {', '.join(sorted(set(known.values())))}")
+            path.append(key)
+            if i == len(parts) - 1:
+                try:
+                    node[key] = yaml.safe_load(raw) if raw != "" else ""
+                except yaml.YAMLError:
+                    node[key] = raw
+            else:
+                node = node.setdefault(key, {})
+                field = model.model_fields[_snake(model, key)] if model else None
+                annotation = field.annotation if field else None
+                model = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+    return overrides
+
+
+def _snake(model: type[BaseModel], alias: str) -> str:
+    for name, field in model.model_fields.items():
+        if (field.alias or name) == alias:
+            return name
+    raise KeyError(alias)
+
+
+def _merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = _merge(dict(merged[key]), value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"config file {str(path)!r} cannot be read: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {str(path)!r} is not valid YAML: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {str(path)!r} must hold a mapping of keys, not a {type(data).__name__}")
+    return data
+
+
+def build_settings(data: Mapping[str, Any]) -> Settings:
+    """Validate a plain mapping (file contents, test input) into Settings, or raise ConfigError."""
+    try:
+        return Settings.model_validate(dict(data))
+    except ValidationError as exc:
+        raise ConfigError("; ".join(_describe(e) for e in exc.errors())) from None
+
+
+def load_settings(
+    config_file: str | Path | None = None,
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Settings:
+    """Defaults, then the YAML file (argument, else $COPILOT_WEBHOOK_CONFIG), then the environment, then
+    `overrides` (command-line flags)."""
+    env = os.environ if environ is None else environ
+    path = config_file or env.get(CONFIG_ENV)
+    data = read_config_file(path) if path else {}
+    return build_settings(_merge(_merge(data, _env_overrides(env)), overrides or {}))
+
+
+def dump_settings(settings: Settings) -> dict[str, Any]:
+    return settings.model_dump(mode="json", by_alias=True)

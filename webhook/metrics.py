@@ -1,0 +1,99 @@
+"""Prometheus collectors, one registry per server (tests build as many as they like)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from webhook.mutation.plan import Plan
+
+# Admission answers are expected within milliseconds; the API server gives up at timeoutSeconds (<= 30).
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+class _Children:
+    """prometheus_client's labels() takes a lock and builds a tuple on every call (about 5 us); the hot
+    path looks its children up in a plain dict instead."""
+
+    def __init__(self, metric: Any) -> None:
+        self._metric = metric
+        self._children: dict[tuple[str, ...], Any] = {}
+
+    def __call__(self, *labels: str) -> Any:
+        child = self._children.get(labels)
+        if child is None:
+            child = self._children[labels] = self._metric.labels(*labels)
+        return child
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "copilot_webhook_requests",
+            "HTTP requests by endpoint and result.",
+            ["endpoint", "result"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "copilot_webhook_request_duration_seconds",
+            "Time from the first byte of a request to the last byte of its answer.",
+            ["endpoint"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.mutations = Counter(
+            "copilot_webhook_mutations",
+            "Pods mutated, by kind of mutation and what was applied (mode=shadow: computed, not applied).",
+            ["kind", "reason", "mode"],
+            registry=self.registry,
+        )
+        self.skips = Counter(
+            "copilot_webhook_skips",
+            "Pods left unchanged, by kind of mutation and reason.",
+            ["kind", "reason"],
+            registry=self.registry,
+        )
+        self.undecided = Counter(
+            "copilot_webhook_undecided",
+            "Reviews the webhook could not decide, answered per failurePolicy.",
+            ["policy"],
+            registry=self.registry,
+        )
+        self.certificate_expiry = Gauge(
+            "copilot_webhook_certificate_expiry_timestamp_seconds",
+            "Unix time at which the served certificate expires.",
+            registry=self.registry,
+        )
+        self.certificate_reloads = Counter(
+            "copilot_webhook_certificate_reloads",
+            "Certificate reloads from disk, by result.",
+            ["result"],
+            registry=self.registry,
+        )
+        self.config_reloads = Counter(
+            "copilot_webhook_config_reloads",
+            "Configuration reloads from disk, by result.",
+            ["result"],
+            registry=self.registry,
+        )
+
+        self.request = _Children(self.requests)
+        self.mutation = _Children(self.mutations)
+        self.skip = _Children(self.skips)
+
+    def count_plan(self, plan: Plan, failure_policy: str) -> None:
+        if plan.undecided is not None:
+            self.undecided.labels(failure_policy).inc()
+        mode = "shadow" if plan.shadow else "enforce"
+        for kind, outcome in plan.outcomes.items():
+            if outcome.mutated:
+                self.mutation(kind, outcome.reason, mode).inc()
+            else:
+                self.skip(kind, outcome.reason).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,205 @@
+"""Finding Flyte copilot containers (spec 1.1) and the SYS_PTRACE policy for their pods (spec 1.2).
+
+Flyte adds the copilot in flyteplugins' `flytek8s/copilot.go`: an init container `<prefix>downloader`,
+and `<prefix>sidecar` (<= 1.13) or `<prefix>uploader` (>= 1.14) as a regular container that watches the
+primary container's process through a shared process namespace, hence SYS_PTRACE (<= 1.15). From 1.16
+the uploader is a native sidecar (init container, restartPolicy: Always) that waits for a signal instead.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from webhook.config import CopilotSettings, PtraceMode, PtraceSettings
+from webhook.mutation.pod import Container, PodShapeError, PodView, optional_object, optional_strings
+from webhook.mutation.pointer import Operation, add, remove
+
+SIDECAR_ROLES = frozenset({"uploader", "sidecar"})
+ROLES = SIDECAR_ROLES | {"downloader"}
+PRIMARY_ANNOTATION = "primary_container_name"
+PTRACE_ANNOTATION = "copilot-webhook.io/ptrace"
+CAPABILITY = "SYS_PTRACE"
+_PRIVILEGE = {"drop": 0, "keep": 1, "add": 2}
+
+
+@lru_cache(maxsize=64)
+def _image_matcher(patterns: tuple[str, ...]) -> Callable[[str], re.Match[str] | None]:
+    if not patterns:
+        return lambda _image: None
+    return re.compile("|".join(f"(?:{fnmatch.translate(p)})" for p in patterns)).match
+
+
+def copilot_role(container: Container, settings: CopilotSettings) -> str | None:
+    """The copilot role of a container, or None. The name alone never qualifies: a user must not be able
+    to obtain a capability by naming a container; the command or the image must be Flyte's too."""
+    if container.field == "ephemeralContainers" or not container.name.startswith(settings.name_prefix):
+        return None
+    role = container.name[len(settings.name_prefix) :]
+    if role not in ROLES:
+        return None
+    command = container.body.get("command")
+    if isinstance(command, list) and command and command[0] in settings.commands:
+        return role
+    image = container.body.get("image")
+    if isinstance(image, str) and _image_matcher(settings.image_patterns)(image):
+        return role
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Copilot:
+    members: tuple[Container, ...]
+    sidecars: tuple[Container, ...]
+
+    @property
+    def native(self) -> bool:
+        """Flyte >= 1.16: the uploader runs as a native sidecar and needs no capability."""
+        return any(c.is_init and c.restart_always for c in self.sidecars)
+
+
+def find_copilot(view: PodView, settings: CopilotSettings) -> Copilot | None:
+    members: list[Container] = []
+    sidecars: list[Container] = []
+    for container in view.containers:
+        role = copilot_role(container, settings)
+        if role is not None:
+            members.append(container)
+            if role in SIDECAR_ROLES:
+                sidecars.append(container)
+    return Copilot(tuple(members), tuple(sidecars)) if members else None
+
+
+def is_ptrace(capability: str) -> bool:
+    """The kubelet and the runtimes upper-case names and add a missing CAP_ prefix before comparing."""
+    name = capability.upper()
+    return name == CAPABILITY or name == "CAP_" + CAPABILITY
+
+
+class Undecidable(Exception):
+    """A well-formed pod for which no safe decision exists; handled per failurePolicy."""
+
+
+@dataclass
+class PtraceResult:
+    ops: list[tuple[Operation, str]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    decision: str = "keep"  # what the audit annotation and summary say
+    skip_reason: str | None = None
+
+
+def effective_mode(view: PodView, settings: PtraceSettings, result: PtraceResult) -> PtraceMode:
+    """The cluster mode, or the pod's annotation where it grants no more (or overrides are allowed)."""
+    wanted = view.annotation(PTRACE_ANNOTATION)
+    if wanted is None:
+        return settings.mode
+    if wanted not in _PRIVILEGE:
+        result.warnings.append(f"{PTRACE_ANNOTATION}={wanted[:20]!r} ignored: expected add, drop or keep")
+        return settings.mode
+    if _PRIVILEGE[wanted] > _PRIVILEGE[settings.mode] and not settings.allow_pod_override:
+        result.warnings.append(f"{PTRACE_ANNOTATION}={wanted} refused: grants more than ptrace.mode {settings.mode}")
+        return settings.mode
+    return wanted  # type: ignore[return-value]
+
+
+def _capabilities(c: Container) -> tuple[dict[str, object] | None, dict[str, object] | None, list[str] | None, list[str] | None]:
+    sc = optional_object(c.body.get("securityContext"), c.where("securityContext"))
+    caps = optional_object(sc.get("capabilities"), c.where("securityContext", "capabilities")) if sc else None
+    if caps is None:
+        return sc, None, None, None
+    added = optional_strings(caps.get("add"), c.where("securityContext", "capabilities", "add"))
+    dropped = optional_strings(caps.get("drop"), c.where("securityContext", "capabilities", "drop"))
+    return sc, caps, added, dropped
+
+
+def grant(c: Container, why: str) -> list[tuple[Operation, str]]:
+    sc, caps, added, dropped = _capabilities(c)
+    base = c.path + "/securityContext"
+    ops: list[tuple[Operation, str]] = []
+    if sc is None:
+        ops.append((add(base, {"capabilities": {"add": [CAPABILITY]}}), why))
+    elif caps is None:
+        ops.append((add(base + "/capabilities", {"add": [CAPABILITY]}), why))
+    elif added is None:
+        ops.append((add(base + "/capabilities/add", [CAPABILITY]), why))
+    elif not any(is_ptrace(name) for name in added):
+        ops.append((add(base + "/capabilities/add/-", CAPABILITY), why))
+    for i in reversed(range(len(dropped or ()))):
+        if is_ptrace(dropped[i]):  # type: ignore[index]
+            ops.append((remove(f"{base}/capabilities/drop/{i}"), f"{c.name}: a drop of SYS_PTRACE would cancel the grant"))
+    return ops
+
+
+def revoke(c: Container, result: PtraceResult) -> None:
+    sc, _caps, added, dropped = _capabilities(c)
+    base = c.path + "/securityContext/capabilities"
+    for i in reversed(range(len(added or ()))):
+        if is_ptrace(added[i]):  # type: ignore[index]
+            result.ops.append((remove(f"{base}/add/{i}"), f"{c.name}: ptrace.mode drop removes SYS_PTRACE"))
+    if added and any(name.upper() == "ALL" for name in added) and not any(is_ptrace(d) for d in dropped or ()):
+        # "add: [ALL]" grants SYS_PTRACE too; the runtimes apply drops after adds, so dropping it wins.
+        why = f"{c.name}: adds ALL capabilities; SYS_PTRACE is dropped explicitly"
+        op = add(base + "/drop/-", CAPABILITY) if dropped is not None else add(base + "/drop", [CAPABILITY])
+        result.ops.append((op, why))
+    if sc is not None and sc.get("privileged") is True:
+        result.warnings.append(f"container {c.name} is privileged and keeps SYS_PTRACE whatever ptrace.mode says")
+
+
+def primary_containers(view: PodView, copilot: Copilot) -> list[Container]:
+    copilot_ids = {id(c) for c in copilot.members}
+    named = view.annotation(PRIMARY_ANNOTATION)
+    regular = [c for c in view.of("containers") if id(c) not in copilot_ids]
+    if named is None:
+        return regular
+    chosen = [c for c in regular if c.name == named]
+    if not chosen:
+        raise Undecidable(f"{PRIMARY_ANNOTATION} {named!r} names no regular container")
+    return chosen
+
+
+def plan_ptrace(view: PodView, copilot: Copilot, settings: PtraceSettings, psa_level: str) -> PtraceResult:
+    result = PtraceResult()
+    mode = effective_mode(view, settings, result)
+    if mode == "keep":
+        result.decision, result.skip_reason = "keep", "mode-keep"
+        return result
+    if mode == "drop":
+        result.decision = "drop"
+        for container in view.containers:
+            revoke(container, result)
+        if not copilot.native:
+            result.warnings.append(
+                "SYS_PTRACE dropped: a legacy copilot may not see the user process exit"
+            )
+        if not result.ops:
+            result.skip_reason = "already-compliant"
+        return result
+    if copilot.native:
+        result.decision, result.skip_reason = "add:none(native-sidecar)", "native-sidecar"
+        return result
+    if psa_level in ("baseline", "restricted"):
+        result.decision, result.skip_reason = f"add:skipped(pod-security={psa_level})", "pod-security"
+        result.warnings.append(f"SYS_PTRACE not added: the namespace enforces Pod Security {psa_level!r}, which forbids it")
+        return result
+    targets: list[tuple[Container, str]] = []
+    if settings.target in ("primary", "all"):
+        targets += [(c, "primary container") for c in primary_containers(view, copilot)]
+    if settings.target in ("sidecar", "all"):
+        targets += [(c, "copilot sidecar") for c in copilot.sidecars if not c.is_init]
+    result.decision = f"add:{settings.target}"
+    for container, role in targets:
+        result.ops += grant(container, f"{container.name}: the {role} gets SYS_PTRACE (ptrace.target {settings.target})")
+    if view.spec.get("shareProcessNamespace") is not True:
+        if view.spec.get("hostPID") is True:
+            result.warnings.append("shareProcessNamespace not set: the pod uses hostPID, which the API server forbids with it")
+        else:
+            result.ops.append((add("/spec/shareProcessNamespace", True), "the copilot watches the primary process"))
+    if not result.ops:
+        result.skip_reason = "already-compliant"
+    return result
+
+
+__all__ = ["Copilot", "PodShapeError", "Undecidable", "find_copilot", "is_ptrace", "plan_ptrace"]

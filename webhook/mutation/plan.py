@@ -1,0 +1,123 @@
+"""plan(pod, facts, settings) -> Plan: every decision of the webhook, as a pure function (spec 1).
+
+The plan carries the RFC 6902 operations with a reason each, the warnings for the user, the audit
+annotations, and per kind of mutation what was decided (for metrics). It never raises for a well-formed
+pod: a pod it cannot read raises PodShapeError (a bad request), a pod it cannot decide sets `undecided`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from webhook.config import Settings
+from webhook.mutation.copilot import Undecidable, find_copilot, plan_ptrace
+from webhook.mutation.facts import INJECT_LABEL, MODE_LABEL, Facts
+from webhook.mutation.pod import PodView, read_pod
+from webhook.mutation.pointer import Operation, add, join
+
+PTRACE = "ptrace"
+KINDS = (PTRACE,)
+INJECT_ANNOTATION = "copilot-webhook.io/inject"
+MUTATED_ANNOTATION = "copilot-webhook.io/mutated"
+_SUMMARY_ORDER = {PTRACE: 0, "image-puller": 1}
+_MUTATED_PATH = join("metadata", "annotations", MUTATED_ANNOTATION)
+
+
+@dataclass(slots=True)
+class Change:
+    op: Operation
+    reason: str
+
+
+@dataclass(slots=True)
+class Outcome:
+    mutated: bool
+    reason: str  # the mode applied when mutated, else why nothing was done
+
+
+@dataclass(slots=True)
+class Plan:
+    changes: list[Change] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    audit: dict[str, str] = field(default_factory=dict)
+    outcomes: dict[str, Outcome] = field(default_factory=dict)
+    shadow: bool = False
+    undecided: str | None = None
+
+    @property
+    def ops(self) -> list[Operation]:
+        return [c.op for c in self.changes]
+
+
+def _skip_all(kinds: Collection[str], reason: str, warnings: list[str] | None = None) -> Plan:
+    return Plan(warnings=warnings or [], outcomes={k: Outcome(False, reason) for k in kinds})
+
+
+def parse_summary(value: str | None) -> dict[str, str]:
+    parts: dict[str, str] = {}
+    for item in (value or "").split(";"):
+        key, sep, rest = item.partition("=")
+        if sep and key:
+            parts[key] = rest
+    return parts
+
+
+def summary_change(view: PodView, parts: Mapping[str, str]) -> Change | None:
+    """Record what was done in the pod's `copilot-webhook.io/mutated` annotation, keeping the parts that
+    another of our webhooks (there are two: ptrace and image-puller) wrote before."""
+    current = view.annotation(MUTATED_ANNOTATION)
+    merged = parse_summary(current)
+    merged.update(parts)
+    # One canonical order, so the value does not depend on which of our webhooks ran first.
+    order = sorted(merged, key=lambda k: (_SUMMARY_ORDER.get(k, len(_SUMMARY_ORDER)), k))
+    value = ";".join(f"{k}={merged[k]}" for k in order)
+    if value == current:
+        return None
+    why = "record what the webhook did"
+    if view.metadata is None:
+        return Change(add("/metadata", {"annotations": {MUTATED_ANNOTATION: value}}), why)
+    if view.annotations is None:
+        return Change(add("/metadata/annotations", {MUTATED_ANNOTATION: value}), why)
+    return Change(add(_MUTATED_PATH, value), why)
+
+
+def plan(pod: Any, facts: Facts, settings: Settings, kinds: Collection[str] = KINDS) -> Plan:
+    view = read_pod(pod)
+    cluster = facts.cluster
+    if view.annotation(INJECT_ANNOTATION) == "false":
+        return _skip_all(kinds, "pod-opt-out")
+    if cluster.label(INJECT_LABEL) == "disabled":
+        return _skip_all(kinds, "namespace-opt-out")
+    shadow = settings.mode == "shadow" or cluster.label(MODE_LABEL) == "shadow"
+
+    changes: list[Change] = []
+    warnings: list[str] = []
+    audit: dict[str, str] = {}
+    outcomes: dict[str, Outcome] = {}
+    summary: dict[str, str] = {}
+
+    if PTRACE in kinds:
+        copilot = find_copilot(view, settings.copilot)
+        if copilot is None:
+            outcomes[PTRACE] = Outcome(False, "not-copilot")
+        else:
+            try:
+                result = plan_ptrace(view, copilot, settings.ptrace, cluster.pod_security_level)
+            except Undecidable as exc:
+                return Plan(shadow=shadow, undecided=str(exc), outcomes={PTRACE: Outcome(False, "undecided")})
+            changes += [Change(op, why) for op, why in result.ops]
+            warnings += result.warnings
+            audit[PTRACE] = result.decision
+            if result.ops:
+                summary[PTRACE] = result.decision
+            outcomes[PTRACE] = Outcome(bool(result.ops), result.decision.split(":")[0] if result.ops else str(result.skip_reason))
+
+    if summary:
+        recorded = summary_change(view, summary)
+        if recorded is not None:
+            changes.append(recorded)
+    if shadow and changes:
+        warnings.append(f"shadow mode: {len(changes)} patch operation(s) computed but not applied")
+    return Plan(changes, warnings, audit, outcomes, shadow)

@@ -1,0 +1,222 @@
+"""Dry-run previews (POST /preview, `copilot-webhook preview`): what the webhook would do to an object.
+
+Takes Pods, AdmissionReviews, workloads with a pod template, Lists and multi-document YAML; answers
+with the patch, the mutated object, the reason for every operation and the warnings. Side-effect free.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import jsonpatch
+import orjson
+import yaml
+
+from webhook.config import Settings
+from webhook.mutation.facts import Facts, RequestFacts
+from webhook.mutation.plan import Plan, plan
+from webhook.mutation.pod import PodShapeError
+from webhook.review import NamespaceFacts, RequestError, decide, no_cluster, read_review, response
+
+OUTPUTS = ("json", "yaml", "patch", "diff")
+RUNTIMES = ("docker", "containerd", "cri-o")
+TEMPLATE_PATHS: dict[str, tuple[str, ...]] = {
+    "Deployment": ("spec", "template"),
+    "StatefulSet": ("spec", "template"),
+    "DaemonSet": ("spec", "template"),
+    "ReplicaSet": ("spec", "template"),
+    "Job": ("spec", "template"),
+    "CronJob": ("spec", "jobTemplate", "spec", "template"),
+}
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
+
+class _NoAliasLoader(yaml.SafeLoader):
+    """YAML aliases let a few hundred bytes expand to gigabytes once serialised; Kubernetes objects never need them."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            raise yaml.composer.ComposerError(None, None, "YAML aliases are not accepted", self.peek_event().start_mark)
+        return super().compose_node(parent, index)
+
+
+@dataclass(frozen=True)
+class Query:
+    runtime: str | None = None
+    node: str | None = None
+    namespace: str | None = None
+    output: str = "json"
+
+
+def parse_query(params: dict[str, str]) -> Query:
+    unknown = sorted(set(params) - {"runtime", "node", "namespace", "output"})
+    if unknown:
+        raise RequestError(400, f"unknown query parameter(s) {', '.join(unknown)}; known: runtime, node, namespace, output")
+    output = params.get("output", "json")
+    if output not in OUTPUTS:
+        raise RequestError(400, f"output={output!r} is not allowed; expected one of {', '.join(OUTPUTS)}")
+    runtime = params.get("runtime")
+    if runtime is not None and runtime not in RUNTIMES:
+        raise RequestError(400, f"runtime={runtime!r} is not allowed; expected one of {', '.join(RUNTIMES)}")
+    node = params.get("node")
+    if node is not None and not _DNS_SUBDOMAIN.fullmatch(node):
+        raise RequestError(400, f"node={node!r} is not a valid node name (a DNS subdomain)")
+    namespace = params.get("namespace")
+    if namespace is not None and not _DNS_LABEL.fullmatch(namespace):
+        raise RequestError(400, f"namespace={namespace!r} is not a valid namespace name (a DNS label)")
+    return Query(runtime, node, namespace, output)
+
+
+def load_documents(body: bytes, content_type: str) -> list[Any]:
+    if content_type == "application/json":
+        try:
+            return [orjson.loads(body)]
+        except orjson.JSONDecodeError as exc:
+            raise RequestError(400, f"body is not valid JSON: {exc}") from None
+    try:
+        text = body.decode("utf-8")
+        docs = [d for d in yaml.load_all(text, Loader=_NoAliasLoader) if d is not None]  # noqa: S506 - a SafeLoader
+    except UnicodeDecodeError:
+        raise RequestError(400, "body is not UTF-8 text") from None
+    except yaml.YAMLError as exc:
+        raise RequestError(400, f"body is not valid YAML: {exc}") from None
+    if not docs:
+        raise RequestError(400, "body holds no object; expected a Pod, a workload, an AdmissionReview or a List")
+    return docs
+
+
+def _is_list(doc: Any) -> bool:
+    """`List` (what kubectl prints for several objects) or a typed list such as `PodList`."""
+    if not isinstance(doc, dict):
+        return False
+    kind = doc.get("kind")
+    return kind == "List" or (isinstance(kind, str) and kind.endswith("List") and "items" in doc)
+
+
+def _objects(docs: list[Any]) -> Iterator[tuple[str, Any]]:
+    for i, doc in enumerate(docs):
+        where = f"document {i + 1}" if len(docs) > 1 else "object"
+        if _is_list(doc):
+            items = doc.get("items")
+            if not isinstance(items, list):
+                raise RequestError(400, f"{where}: a List must have an array of items")
+            for j, item in enumerate(items):
+                yield f"{where} item {j + 1}", item
+        else:
+            yield where, doc
+
+
+def _name(obj: dict[str, Any]) -> str:
+    metadata = obj.get("metadata")
+    if isinstance(metadata, dict):
+        name = metadata.get("name") or metadata.get("generateName")
+        if isinstance(name, str):
+            return name
+    return ""
+
+
+def _namespace(obj: dict[str, Any], query: Query) -> str:
+    if query.namespace:
+        return query.namespace
+    metadata = obj.get("metadata")
+    namespace = metadata.get("namespace") if isinstance(metadata, dict) else None
+    return namespace if isinstance(namespace, str) and namespace else "default"
+
+
+def _entry(kind: str, obj: dict[str, Any], decided: Plan | None, prefix: str, settings: Settings, query: Query) -> dict[str, Any]:
+    answer = response("preview", decided, settings)
+    changes = [] if decided is None else decided.changes
+    applied = bool(answer.get("patch"))
+    patch = [dict(c.op, path=prefix + c.op["path"]) for c in changes] if applied else []
+    mutated = jsonpatch.apply_patch(obj, patch) if patch else copy.deepcopy(obj)
+    return {
+        "kind": kind,
+        "name": _name(obj),
+        "allowed": answer["allowed"],
+        "patch": patch,
+        "object": mutated,
+        "changes": [{"op": c.op["op"], "path": prefix + c.op["path"], "reason": c.reason} for c in changes],
+        "warnings": answer.get("warnings", []) + ([answer["status"]["message"]] if "status" in answer else []),
+        "runtime": {"flavour": query.runtime, "socket": None, "source": "query" if query.runtime else "none"},
+        "_before": obj,
+    }
+
+
+def preview_one(where: str, obj: Any, settings: Settings, query: Query, namespaces: NamespaceFacts) -> dict[str, Any]:
+    if not isinstance(obj, dict):
+        raise RequestError(400, f"{where}: expected a Kubernetes object, got {type(obj).__name__}")
+    kind = obj.get("kind")
+    if kind == "AdmissionReview":
+        review = read_review(obj)
+        request = review.request
+        if query.namespace:
+            request = dict(request, namespace=query.namespace)
+        pod = request.get("object")
+        return _entry("AdmissionReview", pod if isinstance(pod, dict) else {}, decide(request, settings, namespaces), "", settings, query)
+    if kind == "Pod":
+        pod, prefix = obj, ""
+    elif kind in TEMPLATE_PATHS:
+        pod = obj
+        for key in TEMPLATE_PATHS[kind]:
+            pod = pod.get(key) if isinstance(pod, dict) else None
+        if not isinstance(pod, dict):
+            raise RequestError(400, f"{where}: {kind} has no pod template at {'.'.join(TEMPLATE_PATHS[kind])}")
+        prefix = "/" + "/".join(TEMPLATE_PATHS[kind])
+    else:
+        raise RequestError(
+            400,
+            f"{where}: kind {kind!r} is neither a Pod nor a workload with a pod template "
+            f"({', '.join(TEMPLATE_PATHS)}), nor an AdmissionReview",
+        )
+    namespace = _namespace(obj, query)
+    try:
+        decided = plan(pod, Facts(RequestFacts(namespace, dry_run=True), namespaces(namespace)), settings)
+    except PodShapeError as exc:
+        raise RequestError(400, f"{where}: {exc}") from None
+    return _entry(kind, obj, decided, prefix, settings, query)
+
+
+def _yaml(obj: Any) -> str:
+    return yaml.safe_dump(obj, sort_keys=False, default_flow_style=False)
+
+
+def _diff(entry: dict[str, Any]) -> str:
+    label = f"{entry['kind']}/{entry['name']}"
+    return "".join(
+        difflib.unified_diff(
+            _yaml(entry["_before"]).splitlines(keepends=True),
+            _yaml(entry["object"]).splitlines(keepends=True),
+            fromfile=f"{label} (before)",
+            tofile=f"{label} (after)",
+        )
+    )
+
+
+def render(entries: list[dict[str, Any]], output: str, as_list: bool) -> tuple[bytes, str]:
+    """The answer's bytes and content type for the requested output."""
+    if output == "yaml":
+        return "---\n".join(_yaml(e["object"]) for e in entries).encode(), "application/yaml"
+    if output == "diff":
+        return "".join(_diff(e) for e in entries).encode(), "text/x-diff; charset=utf-8"
+    if output == "patch":
+        patches = [e["patch"] for e in entries]
+        return orjson.dumps(patches if as_list else patches[0]), "application/json-patch+json"
+    public = [{k: v for k, v in e.items() if not k.startswith("_")} for e in entries]
+    return orjson.dumps(public if as_list else public[0], option=orjson.OPT_INDENT_2), "application/json"
+
+
+def preview(
+    body: bytes, content_type: str, params: dict[str, str], settings: Settings, namespaces: NamespaceFacts = no_cluster
+) -> tuple[bytes, str]:
+    query = parse_query(params)
+    docs = load_documents(body, content_type)
+    objects = list(_objects(docs))
+    entries = [preview_one(where, obj, settings, query, namespaces) for where, obj in objects]
+    as_list = len(docs) > 1 or len(objects) != 1 or any(_is_list(d) for d in docs)
+    return render(entries, query.output, as_list)

@@ -1,0 +1,150 @@
+"""The AdmissionReview envelope (admission.k8s.io/v1 and v1beta1): parse, decide, answer.
+
+Transport errors (a body that is not a review) raise RequestError and become 4xx answers; everything
+about a well-formed review is answered with an AdmissionReview, never with an HTTP error. The pod is
+never round-tripped through a typed model: unknown fields would be lost (kubebuilder#510).
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from webhook.config import Settings
+from webhook.mutation.facts import NO_CLUSTER, ClusterFacts, Facts, RequestFacts
+from webhook.mutation.plan import KINDS, Plan, plan
+from webhook.mutation.pod import PodShapeError
+
+log = logging.getLogger(__name__)
+
+API_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
+WARNING_PREFIX = "copilot-webhook: "
+WARNING_LIMIT = 120  # the API server truncates longer warnings; we cut them ourselves, visibly
+
+
+def _warning(text: str) -> str:
+    text = WARNING_PREFIX + text
+    return text if len(text) <= WARNING_LIMIT else text[: WARNING_LIMIT - 1] + "…"
+
+NamespaceFacts = Callable[[str], ClusterFacts]
+
+
+def no_cluster(_namespace: str) -> ClusterFacts:
+    return NO_CLUSTER
+
+
+class RequestError(Exception):
+    """A request that is not a usable AdmissionReview (or Pod, for /preview): answered with a 4xx."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def _type_name(value: Any) -> str:
+    return "null" if value is None else {dict: "an object", list: "an array", str: "a string"}.get(type(value), type(value).__name__)
+
+
+def load_json(body: bytes) -> Any:
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise RequestError(400, f"body is not valid JSON: {exc}") from None
+
+
+@dataclass(slots=True)
+class Review:
+    api_version: str
+    uid: str
+    request: dict[str, Any]
+
+
+def read_review(data: Any) -> Review:
+    if type(data) is not dict:
+        raise RequestError(400, f"expected an AdmissionReview object, got {_type_name(data)}")
+    api_version, kind = data.get("apiVersion"), data.get("kind")
+    if kind != "AdmissionReview" or api_version not in API_VERSIONS:
+        raise RequestError(
+            400,
+            f"expected kind AdmissionReview with apiVersion {' or '.join(API_VERSIONS)}, "
+            f"got kind={kind!r} apiVersion={api_version!r}",
+        )
+    request = data.get("request")
+    if type(request) is not dict:
+        raise RequestError(400, f"AdmissionReview.request must be an object, got {_type_name(request)}")
+    uid = request.get("uid")
+    if type(uid) is not str or not uid:
+        raise RequestError(400, "AdmissionReview.request.uid is required: a non-empty string to echo in the response")
+    return Review(api_version, uid, request)
+
+
+def is_pod_create(request: dict[str, Any]) -> bool:
+    kind = request.get("kind")
+    return (
+        request.get("operation") == "CREATE"
+        and type(kind) is dict
+        and kind.get("kind") == "Pod"
+        and kind.get("group", "") == ""
+        and not request.get("subResource")
+    )
+
+
+def request_facts(request: dict[str, Any], pod: dict[str, Any], namespaces: NamespaceFacts) -> Facts:
+    namespace = request.get("namespace")
+    if type(namespace) is not str or not namespace:
+        metadata = pod.get("metadata")
+        namespace = metadata.get("namespace") if type(metadata) is dict else None
+        namespace = namespace if type(namespace) is str else ""
+    return Facts(RequestFacts(namespace, request.get("dryRun") is True), namespaces(namespace))
+
+
+def decide(
+    request: dict[str, Any], settings: Settings, namespaces: NamespaceFacts = no_cluster, kinds: Collection[str] = KINDS
+) -> Plan | None:
+    """The plan for a review's request; None when the request is not a Pod CREATE (nothing to do)."""
+    if not is_pod_create(request):
+        return None
+    pod = request.get("object")
+    if type(pod) is not dict:
+        raise RequestError(400, f"AdmissionReview.request.object must be a Pod object, got {_type_name(pod)}")
+    try:
+        return plan(pod, request_facts(request, pod, namespaces), settings, kinds)
+    except PodShapeError as exc:
+        raise RequestError(400, f"AdmissionReview.request.object: {exc}") from None
+    except Exception as exc:  # a bug must not turn into an HTTP error: failurePolicy decides
+        log.exception("planning failed for request %s", request.get("uid"))
+        return Plan(undecided=f"internal error ({type(exc).__name__})")
+
+
+def response(uid: str, decided: Plan | None, settings: Settings) -> dict[str, Any]:
+    answer: dict[str, Any] = {"uid": uid, "allowed": True}
+    if decided is None:
+        return answer
+    warnings = [_warning(w) for w in decided.warnings]
+    if decided.undecided is not None:
+        if settings.failure_policy == "Fail":
+            answer["allowed"] = False
+            answer["status"] = {
+                "code": 403,
+                "message": f"copilot-webhook cannot decide (failurePolicy Fail): {decided.undecided}",
+            }
+        else:
+            warnings.append(_warning(f"admitted unchanged, cannot decide: {decided.undecided}"))
+    elif decided.changes and not decided.shadow:
+        answer["patchType"] = "JSONPatch"
+        answer["patch"] = base64.b64encode(orjson.dumps([c.op for c in decided.changes])).decode("ascii")
+    if decided.audit:
+        answer["auditAnnotations"] = dict(decided.audit)
+    if warnings:
+        answer["warnings"] = warnings
+    return answer
+
+
+def envelope(api_version: str, answer: dict[str, Any]) -> bytes:
+    return orjson.dumps({"apiVersion": api_version, "kind": "AdmissionReview", "response": answer})

@@ -1,0 +1,95 @@
+"""Run the HTTPS server: uvicorn with our TLS context, plus reloads of certificate and configuration files.
+
+Reloads are checked once a second from uvicorn's own tick, in the event loop thread, so a swap never
+races a request: a request sees either the old settings or the new, whole.
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import uvicorn
+
+from webhook.config import ConfigError, Settings, load_settings
+from webhook.metrics import Metrics
+from webhook.server import WebhookApp
+from webhook.tls import ReloadingTLS, TLSFiles, file_stamp
+
+log = logging.getLogger(__name__)
+
+RELOAD_EVERY_TICKS = 10  # uvicorn ticks every 0.1 s
+
+
+class ReloadingServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, reload: Callable[[], None]) -> None:
+        super().__init__(config)
+        self._reload = reload
+
+    async def on_tick(self, counter: int) -> bool:
+        if counter % RELOAD_EVERY_TICKS == 0:
+            self._reload()
+        return await super().on_tick(counter)
+
+
+class Reloader:
+    """Checks the certificate and configuration files and applies changes to the running app."""
+
+    def __init__(self, app: WebhookApp, tls: ReloadingTLS, config_file: str | None, overrides: Mapping[str, Any]) -> None:
+        self.app, self.tls, self.config_file, self.overrides = app, tls, config_file, overrides
+        self._config_stamp = file_stamp(config_file)
+        app.metrics.certificate_expiry.set(tls.expires.timestamp())
+
+    def __call__(self) -> None:
+        reloaded = self.tls.reload_if_changed()
+        if reloaded is not None:
+            self.app.metrics.certificate_reloads.labels("ok" if reloaded else "refused").inc()
+            self.app.metrics.certificate_expiry.set(self.tls.expires.timestamp())
+        if self.config_file is None:
+            return
+        stamp = file_stamp(self.config_file)
+        if stamp == self._config_stamp:
+            return
+        self._config_stamp = stamp
+        try:
+            new = load_settings(self.config_file, overrides=self.overrides)
+        except ConfigError as exc:
+            log.error("new configuration in %s refused, the previous one stays in force: %s", self.config_file, exc)
+            self.app.metrics.config_reloads.labels("refused").inc()
+            return
+        if new.server != self.app.settings.server:
+            log.warning("server settings changed in %s; host, port and TLS paths take effect at the next start", self.config_file)
+        self.app.settings = new
+        self.app.metrics.config_reloads.labels("ok").inc()
+        log.info("configuration reloaded from %s", self.config_file)
+
+
+def serve(settings: Settings, config_file: str | None, overrides: Mapping[str, Any]) -> int:
+    server_settings = settings.server
+    files = TLSFiles(server_settings.tls_cert, server_settings.tls_key, server_settings.client_ca, server_settings.tls_min_version)
+    try:
+        tls = ReloadingTLS(files)
+    except (OSError, ssl.SSLError, ValueError) as exc:
+        log.error("cannot load the TLS certificate %s and key %s: %s", files.cert, files.key, exc)
+        return 1
+    metrics = Metrics()
+    app = WebhookApp(settings, metrics, readiness=[lambda: None if tls.context else "no certificate loaded"])
+    config = uvicorn.Config(
+        app,
+        host=server_settings.host,
+        port=server_settings.port,
+        ssl_context_factory=lambda _config, _default: tls.context,
+        http="httptools",
+        lifespan="off",
+        access_log=False,
+        server_header=False,
+        log_config=None,
+        # Endpoints are removed from the Service before SIGTERM reaches us (preStop); finish what is in flight.
+        timeout_graceful_shutdown=10,
+    )
+    server = ReloadingServer(config, Reloader(app, tls, config_file, overrides))
+    log.info("serving https://%s:%d (mode %s, ptrace.mode %s)", server_settings.host, server_settings.port, settings.mode, settings.ptrace.mode)
+    server.run()
+    return 0

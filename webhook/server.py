@@ -1,0 +1,184 @@
+"""The HTTP adapter: a small ASGI application in front of the pure core.
+
+It alone checks methods, content types, body size and the read deadline, and maps RequestError to
+4xx JSON answers. A plain ASGI callable rather than FastAPI: the routes are fixed, there is no request
+model to validate (the envelope is checked by hand so the Pod is never round-tripped), and the framework
+layer cost a third of our throughput in the load benchmark (README, Performance).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Any
+from urllib.parse import parse_qsl
+
+import orjson
+
+from webhook import preview as previews
+from webhook.config import Settings
+from webhook.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from webhook.metrics import Metrics
+from webhook.mutation.plan import KINDS, PTRACE
+from webhook.review import NamespaceFacts, RequestError, decide, envelope, load_json, no_cluster, read_review, response
+
+log = logging.getLogger(__name__)
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+Readiness = Callable[[], str | None]  # None when ready, else why not
+
+JSON = "application/json"
+YAML_TYPES = ("application/yaml", "text/yaml", "application/x-yaml")
+MUTATE_PATHS: dict[str, Sequence[str]] = {"/mutate": KINDS, "/mutate/ptrace": (PTRACE,)}
+ROUTES = {"/mutate": "POST", "/mutate/ptrace": "POST", "/preview": "POST", "/healthz": "GET", "/readyz": "GET", "/metrics": "GET"}
+_RESULTS = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 408: "timeout", 413: "too_large", 415: "unsupported_media_type"}
+
+
+class ClientGone(Exception):
+    pass
+
+
+class Answer:
+    __slots__ = ("body", "content_type", "headers", "result", "status")
+
+    def __init__(self, status: int, body: bytes, content_type: str = JSON, result: str = "ok", headers: Iterable[tuple[bytes, bytes]] = ()) -> None:
+        self.status, self.body, self.content_type, self.result, self.headers = status, body, content_type, result, tuple(headers)
+
+
+def error(status: int, message: str, headers: Iterable[tuple[bytes, bytes]] = ()) -> Answer:
+    return Answer(status, orjson.dumps({"error": message}), JSON, _RESULTS.get(status, "error"), headers)
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope["headers"]:
+        if key == name:
+            return str(value.decode("latin-1"))
+    return None
+
+
+def media_type(scope: Scope) -> str:
+    raw = _header(scope, b"content-type") or ""
+    return raw.split(";", 1)[0].strip().lower()
+
+
+class WebhookApp:
+    """ASGI application. `settings` may be replaced at any time (configuration reload)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        metrics: Metrics | None = None,
+        namespaces: NamespaceFacts = no_cluster,
+        readiness: Sequence[Readiness] = (),
+    ) -> None:
+        self.settings = settings
+        self.metrics = metrics or Metrics()
+        self.namespaces = namespaces
+        self.readiness = list(readiness)
+        self._latency = {path: self.metrics.latency.labels(path) for path in (*ROUTES, "unknown")}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        started = time.perf_counter()
+        path = scope["path"]
+        endpoint = path if path in ROUTES else "unknown"
+        try:
+            answer = await self._route(scope, receive, path)
+        except RequestError as exc:
+            answer = error(exc.status, exc.message)
+        except ClientGone:
+            self.metrics.request(endpoint, "client_gone").inc()
+            return
+        except Exception:
+            log.exception("unhandled error on %s %s", scope["method"], path)
+            answer = error(500, "internal error; the server logged the details and keeps serving")
+        headers = [(b"content-type", answer.content_type.encode()), (b"content-length", str(len(answer.body)).encode()), *answer.headers]
+        await send({"type": "http.response.start", "status": answer.status, "headers": headers})
+        await send({"type": "http.response.body", "body": answer.body})
+        self.metrics.request(endpoint, answer.result).inc()
+        self._latency[endpoint].observe(time.perf_counter() - started)
+
+    async def _route(self, scope: Scope, receive: Receive, path: str) -> Answer:
+        method = ROUTES.get(path)
+        if method is None or (path == "/preview" and not self.settings.preview.enabled):
+            return error(404, f"no endpoint {path}; endpoints: POST /mutate, /mutate/ptrace, /preview; GET /healthz, /readyz, /metrics")
+        if scope["method"] != method and not (method == "GET" and scope["method"] == "HEAD"):
+            return error(405, f"{path} takes {method}, not {scope['method']}", [(b"allow", method.encode())])
+        if path == "/healthz":
+            return Answer(200, b'{"status":"ok"}')
+        if path == "/readyz":
+            return self._ready()
+        if path == "/metrics":
+            return Answer(200, self.metrics.render(), METRICS_CONTENT_TYPE)
+        if path == "/preview":
+            return await self._preview(scope, receive)
+        return await self._mutate(scope, receive, MUTATE_PATHS[path])
+
+    def _ready(self) -> Answer:
+        reasons = [r for r in (check() for check in self.readiness) if r]
+        if reasons:
+            return Answer(503, orjson.dumps({"status": "not ready", "reasons": reasons}), result="not_ready")
+        return Answer(200, b'{"status":"ready"}')
+
+    async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
+        limit = self.settings.server.max_body_bytes
+        declared = _header(scope, b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise RequestError(413, f"body of {declared} bytes is over server.maxBodyBytes ({limit})")
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone
+        body: bytes = message.get("body", b"")
+        if message.get("more_body"):
+            # Only a body that arrives in pieces can stall; the API server gives up at timeoutSeconds,
+            # so we stop waiting at server.deadlineSeconds and say so.
+            chunks = [body]
+            size = len(body)
+            deadline = self.settings.server.deadline_seconds
+            try:
+                async with asyncio.timeout(deadline):
+                    while message.get("more_body"):
+                        message = await receive()
+                        if message["type"] == "http.disconnect":
+                            raise ClientGone
+                        chunk = message.get("body", b"")
+                        size += len(chunk)
+                        if size > limit:
+                            raise RequestError(413, f"body is over server.maxBodyBytes ({limit})")
+                        chunks.append(chunk)
+            except TimeoutError:
+                raise RequestError(408, f"body not received within server.deadlineSeconds ({deadline:g} s)") from None
+            body = b"".join(chunks)
+        if len(body) > limit:
+            raise RequestError(413, f"body is over server.maxBodyBytes ({limit})")
+        return body
+
+    async def _mutate(self, scope: Scope, receive: Receive, kinds: Sequence[str]) -> Answer:
+        kind = media_type(scope)
+        if kind != JSON:
+            raise RequestError(415, f"Content-Type must be {JSON} (an AdmissionReview), got {kind or 'none'!r}")
+        body = await self._read_body(scope, receive)
+        review = read_review(load_json(body))
+        settings = self.settings
+        decided = decide(review.request, settings, self.namespaces, kinds)
+        answer = response(review.uid, decided, settings)
+        if decided is None:
+            result = "not_applicable"
+        else:
+            self.metrics.count_plan(decided, settings.failure_policy)
+            result = "patched" if "patch" in answer else ("denied" if not answer["allowed"] else "unchanged")
+        return Answer(200, envelope(review.api_version, answer), result=result)
+
+    async def _preview(self, scope: Scope, receive: Receive) -> Answer:
+        kind = media_type(scope)
+        if kind != JSON and kind not in YAML_TYPES:
+            raise RequestError(415, f"Content-Type must be {JSON} or application/yaml (text/yaml), got {kind or 'none'!r}")
+        body = await self._read_body(scope, receive)
+        params = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True))
+        content, content_type = previews.preview(body, kind, params, self.settings, self.namespaces)
+        return Answer(200, content, content_type)
