@@ -41,7 +41,12 @@ class KeyPair:
 
 def service_dns_names(service: str, namespace: str) -> list[str]:
     """The names the API server may use to reach a Service (it uses <svc>.<ns>.svc)."""
-    return [service, f"{service}.{namespace}", f"{service}.{namespace}.svc", f"{service}.{namespace}.svc.cluster.local"]
+    return [
+        service,
+        f"{service}.{namespace}",
+        f"{service}.{namespace}.svc",
+        f"{service}.{namespace}.svc.cluster.local",
+    ]
 
 
 def _name(common_name: str) -> x509.Name:
@@ -62,8 +67,15 @@ def generate_ca(common_name: str = "copilot-webhook-ca", days: int = 3650, now: 
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(
             x509.KeyUsage(
-                digital_signature=True, content_commitment=False, key_encipherment=False, data_encipherment=False,
-                key_agreement=False, key_cert_sign=True, crl_sign=True, encipher_only=False, decipher_only=False,
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
             ),
             critical=True,
         )
@@ -74,10 +86,16 @@ def generate_ca(common_name: str = "copilot-webhook-ca", days: int = 3650, now: 
 
 
 def issue_serving(
-    ca: KeyPair, dns_names: Sequence[str], ips: Sequence[str] = (), days: int = 365, now: datetime | None = None
+    ca: KeyPair,
+    dns_names: Sequence[str],
+    ips: Sequence[str] = (),
+    days: int = 365,
+    now: datetime | None = None,
+    usage: x509.ObjectIdentifier = ExtendedKeyUsageOID.SERVER_AUTH,
 ) -> KeyPair:
+    """A leaf certificate signed by `ca`; `usage` CLIENT_AUTH makes one to present to a server."""
     if not dns_names and not ips:
-        raise ValueError("a serving certificate needs at least one DNS name or IP address")
+        raise ValueError("a certificate needs at least one DNS name or IP address")
     now = now or datetime.now(UTC)
     key = ec.generate_private_key(ec.SECP256R1())
     sans: list[x509.GeneralName] = [x509.DNSName(n) for n in dns_names]
@@ -94,17 +112,22 @@ def issue_serving(
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(
             x509.KeyUsage(
-                digital_signature=True, content_commitment=False, key_encipherment=False, data_encipherment=False,
-                key_agreement=False, key_cert_sign=False, crl_sign=False, encipher_only=False, decipher_only=False,
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=False,
+                crl_sign=False,
+                encipher_only=False,
+                decipher_only=False,
             ),
             critical=True,
         )
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
         .add_extension(x509.SubjectAlternativeName(sans), critical=False)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca.key.public_key()), critical=False
-        )
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca.key.public_key()), critical=False)
         .sign(ca.key, hashes.SHA256())
     )
     return KeyPair(key, cert)
@@ -136,7 +159,12 @@ def write_files(out: str | Path, ca: KeyPair, serving: KeyPair) -> dict[str, Pat
 
 
 def generate_files(
-    out: str | Path, service: str, namespace: str, dns: Sequence[str] = (), ips: Sequence[str] = (), days: int = 365
+    out: str | Path,
+    service: str,
+    namespace: str,
+    dns: Sequence[str] = (),
+    ips: Sequence[str] = (),
+    days: int = 365,
 ) -> tuple[dict[str, Path], str]:
     ca = generate_ca(f"{service}.{namespace} webhook CA", days=max(days, 1) * 2)
     serving = issue_serving(ca, [*service_dns_names(service, namespace), *dns], ips, days=days)

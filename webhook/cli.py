@@ -45,7 +45,12 @@ def _parser() -> argparse.ArgumentParser:
     generate.add_argument("--days", type=int, default=365, help="serving certificate lifetime (default 365)")
 
     show = commands.add_parser("preview", help="what the webhook would do to the objects in a file")
-    show.add_argument("-f", "--filename", required=True, help="Pod, workload, AdmissionReview or List; JSON or YAML; - for stdin")
+    show.add_argument(
+        "-f",
+        "--filename",
+        required=True,
+        help="Pod, workload, AdmissionReview or List; JSON or YAML; - for stdin",
+    )
     show.add_argument("--runtime", choices=RUNTIMES)
     show.add_argument("--node")
     show.add_argument("--namespace")
@@ -60,7 +65,13 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _serve_overrides(args: argparse.Namespace) -> dict[str, Any]:
-    pairs = {"host": args.host, "port": args.port, "tlsCert": args.tls_cert, "tlsKey": args.tls_key, "clientCa": args.client_ca}
+    pairs = {
+        "host": args.host,
+        "port": args.port,
+        "tlsCert": args.tls_cert,
+        "tlsKey": args.tls_key,
+        "clientCa": args.client_ca,
+    }
     server = {k: v for k, v in pairs.items() if v is not None}
     return {"server": server} if server else {}
 
@@ -77,7 +88,16 @@ def _preview(args: argparse.Namespace, settings: Settings) -> int:
         print(f"copilot-webhook: cannot read {args.filename}: {exc.strerror}", file=sys.stderr)
         return EXIT_FAILURE
     content_type = "application/json" if args.filename.endswith(".json") else "application/yaml"
-    params = {k: v for k, v in {"runtime": args.runtime, "node": args.node, "namespace": args.namespace, "output": args.output}.items() if v}
+    params = {
+        k: v
+        for k, v in {
+            "runtime": args.runtime,
+            "node": args.node,
+            "namespace": args.namespace,
+            "output": args.output,
+        }.items()
+        if v
+    }
     try:
         content, _ = preview(body, content_type, params, settings)
     except RequestError as exc:
@@ -95,7 +115,7 @@ def _certs(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         print(f"copilot-webhook: certs generate: {exc}", file=sys.stderr)
         return EXIT_FAILURE
-    for name, path in paths.items():
+    for path in paths.values():
         print(f"wrote {path}", file=sys.stderr)
     print(bundle)
     return EXIT_OK

@@ -130,7 +130,9 @@ def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
             key = known.get(part.lower()) or known.get(part.lower().replace("_", ""))
             if key is None:
                 where = ".".join(path) or "the top level"
-                raise ConfigError(f"{var}: unknown key {part!r} under {where}; known: {', '.join(sorted(set(known.values())))}")
+                raise ConfigError(
+                    f"{var}: unknown key {part!r} under {where}; known: {', '.join(sorted(set(known.values())))}"
+                )
             path.append(key)
             if i == len(parts) - 1:
                 try:

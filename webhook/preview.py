@@ -42,7 +42,8 @@ class _NoAliasLoader(yaml.SafeLoader):
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         if self.check_event(yaml.AliasEvent):
-            raise yaml.composer.ComposerError(None, None, "YAML aliases are not accepted", self.peek_event().start_mark)
+            mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]
+            raise yaml.composer.ComposerError(None, None, "YAML aliases are not accepted", mark)
         return super().compose_node(parent, index)
 
 
@@ -57,7 +58,9 @@ class Query:
 def parse_query(params: dict[str, str]) -> Query:
     unknown = sorted(set(params) - {"runtime", "node", "namespace", "output"})
     if unknown:
-        raise RequestError(400, f"unknown query parameter(s) {', '.join(unknown)}; known: runtime, node, namespace, output")
+        raise RequestError(
+            400, f"unknown query parameter(s) {', '.join(unknown)}; known: runtime, node, namespace, output"
+        )
     output = params.get("output", "json")
     if output not in OUTPUTS:
         raise RequestError(400, f"output={output!r} is not allowed; expected one of {', '.join(OUTPUTS)}")
@@ -81,7 +84,7 @@ def load_documents(body: bytes, content_type: str) -> list[Any]:
             raise RequestError(400, f"body is not valid JSON: {exc}") from None
     try:
         text = body.decode("utf-8")
-        docs = [d for d in yaml.load_all(text, Loader=_NoAliasLoader) if d is not None]  # noqa: S506 - a SafeLoader
+        docs = [d for d in yaml.load_all(text, Loader=_NoAliasLoader) if d is not None]
     except UnicodeDecodeError:
         raise RequestError(400, "body is not UTF-8 text") from None
     except yaml.YAMLError as exc:
@@ -129,7 +132,9 @@ def _namespace(obj: dict[str, Any], query: Query) -> str:
     return namespace if isinstance(namespace, str) and namespace else "default"
 
 
-def _entry(kind: str, obj: dict[str, Any], decided: Plan | None, prefix: str, settings: Settings, query: Query) -> dict[str, Any]:
+def _entry(
+    kind: str, obj: dict[str, Any], decided: Plan | None, prefix: str, settings: Settings, query: Query
+) -> dict[str, Any]:
     answer = response("preview", decided, settings)
     changes = [] if decided is None else decided.changes
     applied = bool(answer.get("patch"))
@@ -158,7 +163,14 @@ def preview_one(where: str, obj: Any, settings: Settings, query: Query, namespac
         if query.namespace:
             request = dict(request, namespace=query.namespace)
         pod = request.get("object")
-        return _entry("AdmissionReview", pod if isinstance(pod, dict) else {}, decide(request, settings, namespaces), "", settings, query)
+        return _entry(
+            "AdmissionReview",
+            pod if isinstance(pod, dict) else {},
+            decide(request, settings, namespaces),
+            "",
+            settings,
+            query,
+        )
     if kind == "Pod":
         pod, prefix = obj, ""
     elif kind in TEMPLATE_PATHS:
@@ -212,7 +224,11 @@ def render(entries: list[dict[str, Any]], output: str, as_list: bool) -> tuple[b
 
 
 def preview(
-    body: bytes, content_type: str, params: dict[str, str], settings: Settings, namespaces: NamespaceFacts = no_cluster
+    body: bytes,
+    content_type: str,
+    params: dict[str, str],
+    settings: Settings,
+    namespaces: NamespaceFacts = no_cluster,
 ) -> tuple[bytes, str]:
     query = parse_query(params)
     docs = load_documents(body, content_type)

@@ -18,7 +18,7 @@ import orjson
 from webhook.config import Settings
 from webhook.mutation.facts import NO_CLUSTER, ClusterFacts, Facts, RequestFacts
 from webhook.mutation.plan import KINDS, Plan, plan
-from webhook.mutation.pod import PodShapeError
+from webhook.mutation.pod import PodShapeError, type_name
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +30,7 @@ WARNING_LIMIT = 120  # the API server truncates longer warnings; we cut them our
 def _warning(text: str) -> str:
     text = WARNING_PREFIX + text
     return text if len(text) <= WARNING_LIMIT else text[: WARNING_LIMIT - 1] + "…"
+
 
 NamespaceFacts = Callable[[str], ClusterFacts]
 
@@ -45,10 +46,6 @@ class RequestError(Exception):
         super().__init__(message)
         self.status = status
         self.message = message
-
-
-def _type_name(value: Any) -> str:
-    return "null" if value is None else {dict: "an object", list: "an array", str: "a string"}.get(type(value), type(value).__name__)
 
 
 def load_json(body: bytes) -> Any:
@@ -67,7 +64,7 @@ class Review:
 
 def read_review(data: Any) -> Review:
     if type(data) is not dict:
-        raise RequestError(400, f"expected an AdmissionReview object, got {_type_name(data)}")
+        raise RequestError(400, f"expected an AdmissionReview object, got {type_name(data)}")
     api_version, kind = data.get("apiVersion"), data.get("kind")
     if kind != "AdmissionReview" or api_version not in API_VERSIONS:
         raise RequestError(
@@ -77,7 +74,7 @@ def read_review(data: Any) -> Review:
         )
     request = data.get("request")
     if type(request) is not dict:
-        raise RequestError(400, f"AdmissionReview.request must be an object, got {_type_name(request)}")
+        raise RequestError(400, f"AdmissionReview.request must be an object, got {type_name(request)}")
     uid = request.get("uid")
     if type(uid) is not str or not uid:
         raise RequestError(400, "AdmissionReview.request.uid is required: a non-empty string to echo in the response")
@@ -105,14 +102,17 @@ def request_facts(request: dict[str, Any], pod: dict[str, Any], namespaces: Name
 
 
 def decide(
-    request: dict[str, Any], settings: Settings, namespaces: NamespaceFacts = no_cluster, kinds: Collection[str] = KINDS
+    request: dict[str, Any],
+    settings: Settings,
+    namespaces: NamespaceFacts = no_cluster,
+    kinds: Collection[str] = KINDS,
 ) -> Plan | None:
     """The plan for a review's request; None when the request is not a Pod CREATE (nothing to do)."""
     if not is_pod_create(request):
         return None
     pod = request.get("object")
     if type(pod) is not dict:
-        raise RequestError(400, f"AdmissionReview.request.object must be a Pod object, got {_type_name(pod)}")
+        raise RequestError(400, f"AdmissionReview.request.object must be a Pod object, got {type_name(pod)}")
     try:
         return plan(pod, request_facts(request, pod, namespaces), settings, kinds)
     except PodShapeError as exc:

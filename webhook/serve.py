@@ -37,7 +37,9 @@ class ReloadingServer(uvicorn.Server):
 class Reloader:
     """Checks the certificate and configuration files and applies changes to the running app."""
 
-    def __init__(self, app: WebhookApp, tls: ReloadingTLS, config_file: str | None, overrides: Mapping[str, Any]) -> None:
+    def __init__(
+        self, app: WebhookApp, tls: ReloadingTLS, config_file: str | None, overrides: Mapping[str, Any]
+    ) -> None:
         self.app, self.tls, self.config_file, self.overrides = app, tls, config_file, overrides
         self._config_stamp = file_stamp(config_file)
         app.metrics.certificate_expiry.set(tls.expires.timestamp())
@@ -60,7 +62,10 @@ class Reloader:
             self.app.metrics.config_reloads.labels("refused").inc()
             return
         if new.server != self.app.settings.server:
-            log.warning("server settings changed in %s; host, port and TLS paths take effect at the next start", self.config_file)
+            log.warning(
+                "server settings changed in %s; host, port and TLS paths take effect at the next start",
+                self.config_file,
+            )
         self.app.settings = new
         self.app.metrics.config_reloads.labels("ok").inc()
         log.info("configuration reloaded from %s", self.config_file)
@@ -68,7 +73,12 @@ class Reloader:
 
 def serve(settings: Settings, config_file: str | None, overrides: Mapping[str, Any]) -> int:
     server_settings = settings.server
-    files = TLSFiles(server_settings.tls_cert, server_settings.tls_key, server_settings.client_ca, server_settings.tls_min_version)
+    files = TLSFiles(
+        server_settings.tls_cert,
+        server_settings.tls_key,
+        server_settings.client_ca,
+        server_settings.tls_min_version,
+    )
     try:
         tls = ReloadingTLS(files)
     except (OSError, ssl.SSLError, ValueError) as exc:
@@ -90,6 +100,12 @@ def serve(settings: Settings, config_file: str | None, overrides: Mapping[str, A
         timeout_graceful_shutdown=10,
     )
     server = ReloadingServer(config, Reloader(app, tls, config_file, overrides))
-    log.info("serving https://%s:%d (mode %s, ptrace.mode %s)", server_settings.host, server_settings.port, settings.mode, settings.ptrace.mode)
+    log.info(
+        "serving https://%s:%d (mode %s, ptrace.mode %s)",
+        server_settings.host,
+        server_settings.port,
+        settings.mode,
+        settings.ptrace.mode,
+    )
     server.run()
     return 0

@@ -22,7 +22,16 @@ from webhook.config import Settings
 from webhook.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from webhook.metrics import Metrics
 from webhook.mutation.plan import KINDS, PTRACE
-from webhook.review import NamespaceFacts, RequestError, decide, envelope, load_json, no_cluster, read_review, response
+from webhook.review import (
+    NamespaceFacts,
+    RequestError,
+    decide,
+    envelope,
+    load_json,
+    no_cluster,
+    read_review,
+    response,
+)
 
 log = logging.getLogger(__name__)
 
@@ -34,8 +43,22 @@ Readiness = Callable[[], str | None]  # None when ready, else why not
 JSON = "application/json"
 YAML_TYPES = ("application/yaml", "text/yaml", "application/x-yaml")
 MUTATE_PATHS: dict[str, Sequence[str]] = {"/mutate": KINDS, "/mutate/ptrace": (PTRACE,)}
-ROUTES = {"/mutate": "POST", "/mutate/ptrace": "POST", "/preview": "POST", "/healthz": "GET", "/readyz": "GET", "/metrics": "GET"}
-_RESULTS = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 408: "timeout", 413: "too_large", 415: "unsupported_media_type"}
+ROUTES = {
+    "/mutate": "POST",
+    "/mutate/ptrace": "POST",
+    "/preview": "POST",
+    "/healthz": "GET",
+    "/readyz": "GET",
+    "/metrics": "GET",
+}
+_RESULTS = {
+    400: "bad_request",
+    404: "not_found",
+    405: "method_not_allowed",
+    408: "timeout",
+    413: "too_large",
+    415: "unsupported_media_type",
+}
 
 
 class ClientGone(Exception):
@@ -45,8 +68,21 @@ class ClientGone(Exception):
 class Answer:
     __slots__ = ("body", "content_type", "headers", "result", "status")
 
-    def __init__(self, status: int, body: bytes, content_type: str = JSON, result: str = "ok", headers: Iterable[tuple[bytes, bytes]] = ()) -> None:
-        self.status, self.body, self.content_type, self.result, self.headers = status, body, content_type, result, tuple(headers)
+    def __init__(
+        self,
+        status: int,
+        body: bytes,
+        content_type: str = JSON,
+        result: str = "ok",
+        headers: Iterable[tuple[bytes, bytes]] = (),
+    ) -> None:
+        self.status, self.body, self.content_type, self.result, self.headers = (
+            status,
+            body,
+            content_type,
+            result,
+            tuple(headers),
+        )
 
 
 def error(status: int, message: str, headers: Iterable[tuple[bytes, bytes]] = ()) -> Answer:
@@ -97,7 +133,11 @@ class WebhookApp:
         except Exception:
             log.exception("unhandled error on %s %s", scope["method"], path)
             answer = error(500, "internal error; the server logged the details and keeps serving")
-        headers = [(b"content-type", answer.content_type.encode()), (b"content-length", str(len(answer.body)).encode()), *answer.headers]
+        headers = [
+            (b"content-type", answer.content_type.encode()),
+            (b"content-length", str(len(answer.body)).encode()),
+            *answer.headers,
+        ]
         await send({"type": "http.response.start", "status": answer.status, "headers": headers})
         await send({"type": "http.response.body", "body": answer.body})
         self.metrics.request(endpoint, answer.result).inc()
@@ -106,7 +146,11 @@ class WebhookApp:
     async def _route(self, scope: Scope, receive: Receive, path: str) -> Answer:
         method = ROUTES.get(path)
         if method is None or (path == "/preview" and not self.settings.preview.enabled):
-            return error(404, f"no endpoint {path}; endpoints: POST /mutate, /mutate/ptrace, /preview; GET /healthz, /readyz, /metrics")
+            return error(
+                404,
+                f"no endpoint {path}; endpoints: POST /mutate, /mutate/ptrace, /preview; GET /healthz, /readyz, "
+                "/metrics",
+            )
         if scope["method"] != method and not (method == "GET" and scope["method"] == "HEAD"):
             return error(405, f"{path} takes {method}, not {scope['method']}", [(b"allow", method.encode())])
         if path == "/healthz":
@@ -177,7 +221,9 @@ class WebhookApp:
     async def _preview(self, scope: Scope, receive: Receive) -> Answer:
         kind = media_type(scope)
         if kind != JSON and kind not in YAML_TYPES:
-            raise RequestError(415, f"Content-Type must be {JSON} or application/yaml (text/yaml), got {kind or 'none'!r}")
+            raise RequestError(
+                415, f"Content-Type must be {JSON} or application/yaml (text/yaml), got {kind or 'none'!r}"
+            )
         body = await self._read_body(scope, receive)
         params = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True))
         content, content_type = previews.preview(body, kind, params, self.settings, self.namespaces)

@@ -105,7 +105,9 @@ def effective_mode(view: PodView, settings: PtraceSettings, result: PtraceResult
     return wanted  # type: ignore[return-value]
 
 
-def _capabilities(c: Container) -> tuple[dict[str, object] | None, dict[str, object] | None, list[str] | None, list[str] | None]:
+def _capabilities(
+    c: Container,
+) -> tuple[dict[str, object] | None, dict[str, object] | None, list[str] | None, list[str] | None]:
     sc = optional_object(c.body.get("securityContext"), c.where("securityContext"))
     caps = optional_object(sc.get("capabilities"), c.where("securityContext", "capabilities")) if sc else None
     if caps is None:
@@ -129,7 +131,12 @@ def grant(c: Container, why: str) -> list[tuple[Operation, str]]:
         ops.append((add(base + "/capabilities/add/-", CAPABILITY), why))
     for i in reversed(range(len(dropped or ()))):
         if is_ptrace(dropped[i]):  # type: ignore[index]
-            ops.append((remove(f"{base}/capabilities/drop/{i}"), f"{c.name}: a drop of SYS_PTRACE would cancel the grant"))
+            ops.append(
+                (
+                    remove(f"{base}/capabilities/drop/{i}"),
+                    f"{c.name}: a drop of SYS_PTRACE would cancel the grant",
+                )
+            )
     return ops
 
 
@@ -171,9 +178,7 @@ def plan_ptrace(view: PodView, copilot: Copilot, settings: PtraceSettings, psa_l
         for container in view.containers:
             revoke(container, result)
         if not copilot.native:
-            result.warnings.append(
-                "SYS_PTRACE dropped: a legacy copilot may not see the user process exit"
-            )
+            result.warnings.append("SYS_PTRACE dropped: a legacy copilot may not see the user process exit")
         if not result.ops:
             result.skip_reason = "already-compliant"
         return result
@@ -182,7 +187,9 @@ def plan_ptrace(view: PodView, copilot: Copilot, settings: PtraceSettings, psa_l
         return result
     if psa_level in ("baseline", "restricted"):
         result.decision, result.skip_reason = f"add:skipped(pod-security={psa_level})", "pod-security"
-        result.warnings.append(f"SYS_PTRACE not added: the namespace enforces Pod Security {psa_level!r}, which forbids it")
+        result.warnings.append(
+            f"SYS_PTRACE not added: the namespace enforces Pod Security {psa_level!r}, which forbids it"
+        )
         return result
     targets: list[tuple[Container, str]] = []
     if settings.target in ("primary", "all"):
@@ -191,10 +198,14 @@ def plan_ptrace(view: PodView, copilot: Copilot, settings: PtraceSettings, psa_l
         targets += [(c, "copilot sidecar") for c in copilot.sidecars if not c.is_init]
     result.decision = f"add:{settings.target}"
     for container, role in targets:
-        result.ops += grant(container, f"{container.name}: the {role} gets SYS_PTRACE (ptrace.target {settings.target})")
+        result.ops += grant(
+            container, f"{container.name}: the {role} gets SYS_PTRACE (ptrace.target {settings.target})"
+        )
     if view.spec.get("shareProcessNamespace") is not True:
         if view.spec.get("hostPID") is True:
-            result.warnings.append("shareProcessNamespace not set: the pod uses hostPID, which the API server forbids with it")
+            result.warnings.append(
+                "shareProcessNamespace not set: the pod uses hostPID, which the API server forbids with it"
+            )
         else:
             result.ops.append((add("/spec/shareProcessNamespace", True), "the copilot watches the primary process"))
     if not result.ops:

@@ -112,7 +112,9 @@ def plan(pod: Any, facts: Facts, settings: Settings, kinds: Collection[str] = KI
             audit[PTRACE] = result.decision
             if result.ops:
                 summary[PTRACE] = result.decision
-            outcomes[PTRACE] = Outcome(bool(result.ops), result.decision.split(":")[0] if result.ops else str(result.skip_reason))
+            outcomes[PTRACE] = Outcome(
+                bool(result.ops), result.decision.split(":")[0] if result.ops else str(result.skip_reason)
+            )
 
     if summary:
         recorded = summary_change(view, summary)

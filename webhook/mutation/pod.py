@@ -10,7 +10,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-
 CONTAINER_LISTS = ("initContainers", "containers", "ephemeralContainers")
 
 
@@ -18,13 +17,24 @@ class PodShapeError(ValueError):
     """The object is not a Pod we can read; the message names the field and what was expected."""
 
 
-def _type_name(value: Any) -> str:
-    return "null" if value is None else {dict: "object", list: "array", str: "string"}.get(type(value), type(value).__name__)
+_TYPE_NAMES: dict[type, str] = {
+    dict: "object",
+    list: "array",
+    str: "string",
+    bool: "boolean",
+    int: "number",
+    float: "number",
+}
+
+
+def type_name(value: Any) -> str:
+    """A JSON type name for error messages."""
+    return "null" if value is None else _TYPE_NAMES.get(type(value), type(value).__name__)
 
 
 def expect_object(value: Any, where: str) -> dict[str, Any]:
     if not isinstance(value, dict):
-        raise PodShapeError(f"{where} must be an object, not {_type_name(value)}")
+        raise PodShapeError(f"{where} must be an object, not {type_name(value)}")
     return value
 
 
@@ -92,7 +102,7 @@ def read_pod(pod: Any, where: str = "pod") -> PodView:
                 raise PodShapeError(f"{where}.spec.containers is required (an array of containers)")
             continue
         if not isinstance(items, list):
-            raise PodShapeError(f"{where}.spec.{field} must be an array, not {_type_name(items)}")
+            raise PodShapeError(f"{where}.spec.{field} must be an array, not {type_name(items)}")
         for index, body in enumerate(items):
             if type(body) is not dict:
                 expect_object(body, f"{where}.spec.{field}[{index}]")

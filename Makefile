@@ -1,0 +1,49 @@
+# Two commands: `make run` (set up, then serve HTTPS on 127.0.0.1:8443) and `make test` (set up, then every check).
+PYTHON ?= python3
+VENV   ?= .venv
+BIN     = $(VENV)/bin
+CERTS   = certs/dev
+HOST   ?= 127.0.0.1
+PORT   ?= 8443
+
+.PHONY: run test lint typecheck imports pytest bench bench-micro clean
+
+$(BIN)/copilot-webhook: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@touch $@
+
+$(CERTS)/tls.crt: | $(BIN)/copilot-webhook
+	$(BIN)/copilot-webhook certs generate --out $(CERTS) --service copilot-webhook --namespace copilot-webhook \
+		--dns localhost --ip 127.0.0.1 > /dev/null
+
+run: $(BIN)/copilot-webhook $(CERTS)/tls.crt
+	@echo "Preview a Flyte 1.15 pod (in another terminal):"
+	@echo "  curl --cacert $(CERTS)/ca.crt -H 'Content-Type: application/yaml' --data-binary @examples/flyte-1.15-pod.yaml 'https://$(HOST):$(PORT)/preview?output=diff'"
+	$(BIN)/copilot-webhook serve --host $(HOST) --port $(PORT) --tls-cert $(CERTS)/tls.crt --tls-key $(CERTS)/tls.key
+
+test: lint typecheck imports pytest
+
+lint: $(BIN)/copilot-webhook
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(BIN)/copilot-webhook
+	$(BIN)/mypy webhook certs
+
+imports: $(BIN)/copilot-webhook
+	$(BIN)/lint-imports
+
+pytest: $(BIN)/copilot-webhook
+	$(BIN)/python -m pytest
+
+bench-micro: $(BIN)/copilot-webhook
+	$(BIN)/python bench/plan_bench.py
+
+# Load benchmark against the reference webhooks: make bench ANCHORS=<dir with go-floor/, py-naive/, load.sh>
+bench: $(BIN)/copilot-webhook
+	bash bench/load.sh $(ANCHORS)
+
+clean:
+	rm -rf $(VENV) $(CERTS) .mypy_cache .ruff_cache .pytest_cache .hypothesis

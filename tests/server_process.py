@@ -1,0 +1,90 @@
+"""Start the real `copilot-webhook serve` in a child process on a free port, and talk to it over TLS."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def client_context(ca: Path, cert: Path | None = None, key: Path | None = None) -> ssl.SSLContext:
+    """What the API server does: verify the serving certificate against the caBundle."""
+    context = ssl.create_default_context(cafile=str(ca))
+    if cert is not None:
+        context.load_cert_chain(str(cert), str(key) if key else None)
+    return context
+
+
+class Server:
+    def __init__(self, process: subprocess.Popen[bytes], port: int, workdir: Path, log: Path) -> None:
+        self.process, self.port, self.workdir, self.log = process, port, workdir, log
+        self.url = f"https://127.0.0.1:{port}"
+
+    @property
+    def ca(self) -> Path:
+        return self.workdir / "ca.crt"
+
+    def client(self, **kwargs: object) -> httpx.Client:
+        return httpx.Client(base_url=self.url, verify=client_context(self.ca), timeout=10, **kwargs)  # type: ignore[arg-type]
+
+    def output(self) -> str:
+        return self.log.read_text()
+
+
+@contextmanager
+def running_server(tls_dir: Path, workdir: Path, *args: str, config: str | None = None) -> Iterator[Server]:
+    workdir.mkdir(parents=True, exist_ok=True)
+    for name in ("ca.crt", "tls.crt", "tls.key"):
+        shutil.copy(tls_dir / name, workdir / name)
+    command = [sys.executable, "-m", "webhook", "serve", "--host", "127.0.0.1"]
+    port = free_port()
+    command += ["--port", str(port), "--tls-cert", str(workdir / "tls.crt"), "--tls-key", str(workdir / "tls.key")]
+    if config is not None:
+        (workdir / "config.yaml").write_text(config)
+        command += ["--config", str(workdir / "config.yaml")]
+    command += list(args)
+    log = workdir / "server.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COPILOT_WEBHOOK_")}
+    with log.open("wb") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+    server = Server(process, port, workdir, log)
+    try:
+        _wait_ready(server)
+        yield server
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _wait_ready(server: Server, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            raise RuntimeError(f"server exited with {server.process.returncode}:\n{server.output()}")
+        try:
+            with socket.create_connection(("127.0.0.1", server.port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"server did not listen within {timeout} s:\n{server.output()}")

@@ -1,0 +1,95 @@
+"""The command line as a user runs it: exit codes, messages, outputs."""
+
+from __future__ import annotations
+
+import base64
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import yaml
+
+from tests.support import PODS
+
+ENV = {"PATH": "/usr/bin:/bin"}
+
+
+def _run(*args: str, env: dict[str, str] | None = None, stdin: bytes | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "webhook", *args],
+        capture_output=True,
+        text=stdin is None,
+        input=stdin,
+        env={**ENV, **(env or {})},
+        timeout=60,
+        check=False,
+    )
+
+
+def test_config_show_prints_the_effective_configuration(tmp_path: Path) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text("ptrace:\n  target: all\n")
+    result = _run("config", "show", "--config", str(config), env={"COPILOT_WEBHOOK_PTRACE__MODE": "drop"})
+    assert result.returncode == 0, result.stderr
+    shown = yaml.safe_load(result.stdout)
+    assert shown["ptrace"] == {"mode": "drop", "target": "all", "allowPodOverride": False}
+    assert shown["failurePolicy"] == "Ignore"
+
+
+def test_invalid_configuration_exits_2_naming_key_value_and_choices() -> None:
+    result = _run("config", "show", env={"COPILOT_WEBHOOK_PTRACE__MODE": "maybe"})
+    assert result.returncode == 2
+    assert (
+        "invalid configuration: ptrace.mode: 'maybe' is not allowed; expected 'add', 'drop' or 'keep'" in result.stderr
+    )
+    assert "Traceback" not in result.stderr
+
+
+def test_serve_with_invalid_configuration_exits_2(tmp_path: Path) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text("server:\n  port: -1\n")
+    result = _run("serve", "--config", str(config))
+    assert result.returncode == 2
+    assert "server.port" in result.stderr
+
+
+def test_serve_without_certificate_exits_1_naming_the_file(tmp_path: Path) -> None:
+    result = _run("serve", "--tls-cert", str(tmp_path / "missing.crt"), "--tls-key", str(tmp_path / "missing.key"))
+    assert result.returncode == 1
+    assert "missing.crt" in result.stderr
+
+
+def test_usage_errors_exit_2() -> None:
+    assert _run("frobnicate").returncode == 2
+    assert _run("preview").returncode == 2
+
+
+def test_certs_generate_prints_the_ca_bundle(tmp_path: Path) -> None:
+    result = _run(
+        "certs", "generate", "--out", str(tmp_path), "--service", "s", "--namespace", "n", "--dns", "x.example"
+    )
+    assert result.returncode == 0, result.stderr
+    assert base64.b64decode(result.stdout.strip()) == (tmp_path / "ca.crt").read_bytes()
+
+
+def test_preview_matches_the_http_answer_offline() -> None:
+    result = _run("preview", "-f", str(PODS / "flyte-1.15-bare.yaml"), "--output", "patch")
+    assert result.returncode == 0, result.stderr
+    ops = orjson.loads(result.stdout)
+    assert {"op": "add", "path": "/spec/shareProcessNamespace", "value": True} in ops
+
+
+def test_preview_from_stdin_as_diff() -> None:
+    result = _run("preview", "-f", "-", "-o", "diff", stdin=(PODS / "flyte-1.15-bare.yaml").read_bytes())
+    assert result.returncode == 0
+    assert b"+  shareProcessNamespace: true" in result.stdout
+
+
+def test_preview_of_a_bad_file_exits_1_with_the_reason(tmp_path: Path) -> None:
+    bad = tmp_path / "svc.yaml"
+    bad.write_text("kind: Service\n")
+    result = _run("preview", "-f", str(bad))
+    assert result.returncode == 1
+    assert "kind 'Service' is neither a Pod" in result.stderr
+    assert "cannot read" in _run("preview", "-f", str(tmp_path / "none.yaml")).stderr

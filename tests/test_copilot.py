@@ -1,0 +1,131 @@
+"""Unit rules of copilot detection and the SYS_PTRACE policy; the golden cases show whole pods."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from webhook.config import CopilotSettings, build_settings
+from webhook.mutation.copilot import copilot_role, find_copilot, is_ptrace
+from webhook.mutation.facts import Facts, RequestFacts, cluster_facts
+from webhook.mutation.plan import plan
+from webhook.mutation.pod import PodShapeError, read_pod
+
+FLYTE_IMAGE = "cr.flyte.org/flyteorg/flytecopilot:v1.15.0"
+
+
+def _pod(*containers: dict[str, Any], init: tuple[dict[str, Any], ...] = (), **annotations: str) -> dict[str, Any]:
+    spec: dict[str, Any] = {"containers": list(containers)}
+    if init:
+        spec["initContainers"] = list(init)
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "annotations": annotations}, "spec": spec}
+
+
+def _role(container: dict[str, Any], settings: CopilotSettings | None = None) -> str | None:
+    view = read_pod(_pod(container))
+    return copilot_role(view.containers[0], settings or CopilotSettings())
+
+
+@pytest.mark.parametrize(
+    ("container", "role"),
+    [
+        ({"name": "flyte-copilot-uploader", "image": FLYTE_IMAGE}, "uploader"),
+        ({"name": "flyte-copilot-sidecar", "image": "x", "command": ["/bin/flyte-copilot"]}, "sidecar"),
+        ({"name": "flyte-copilot-downloader", "image": "ghcr.io/flyteorg/flytecopilot@sha256:abc"}, "downloader"),
+        ({"name": "flyte-copilot-uploader", "image": "busybox"}, None),  # the name alone never qualifies
+        ({"name": "flyte-copilot-uploader", "image": "busybox", "command": ["/bin/sh"]}, None),
+        ({"name": "flyte-copilot-helper", "image": FLYTE_IMAGE}, None),  # not a copilot role
+        ({"name": "my-flyte-copilot-uploader", "image": FLYTE_IMAGE}, None),
+        ({"name": "flyte-copilot-uploader", "image": "evil.io/flyteorg/flytecopilot-x:1"}, None),
+        ({"name": "flyte-copilot-uploader", "image": "x", "command": []}, None),
+        ({"name": "flyte-copilot-uploader", "image": "x", "command": "/bin/flyte-copilot"}, None),
+    ],
+)
+def test_copilot_role(container: dict[str, Any], role: str | None) -> None:
+    assert _role(container) == role
+
+
+def test_detection_follows_configuration() -> None:
+    settings = CopilotSettings(name_prefix="acme-", commands=(), image_patterns=("registry.acme/*",))
+    assert _role({"name": "acme-uploader", "image": "registry.acme/copilot:1"}, settings) == "uploader"
+    assert _role({"name": "flyte-copilot-uploader", "image": FLYTE_IMAGE}, settings) is None
+
+
+def test_ephemeral_containers_are_never_copilots() -> None:
+    pod = _pod({"name": "main", "image": "x"})
+    pod["spec"]["ephemeralContainers"] = [{"name": "flyte-copilot-uploader", "image": FLYTE_IMAGE}]
+    assert find_copilot(read_pod(pod), CopilotSettings()) is None
+
+
+@pytest.mark.parametrize("name", ["SYS_PTRACE", "sys_ptrace", "CAP_SYS_PTRACE", "cap_Sys_Ptrace"])
+def test_capability_spellings_the_kubelet_treats_alike(name: str) -> None:
+    assert is_ptrace(name)
+
+
+@pytest.mark.parametrize("name", ["SYS_ADMIN", "PTRACE", "CAP_CAP_SYS_PTRACE", "ALL", ""])
+def test_other_capabilities(name: str) -> None:
+    assert not is_ptrace(name)
+
+
+def _decide(pod: dict[str, Any], labels: dict[str, str] | None = None, **settings: Any) -> Any:
+    return plan(pod, Facts(RequestFacts("ns"), cluster_facts(labels)), build_settings(settings))
+
+
+LEGACY = (
+    {"name": "main", "image": "python", "securityContext": {"capabilities": {"add": ["SYS_PTRACE"]}}},
+    {"name": "flyte-copilot-uploader", "image": FLYTE_IMAGE},
+)
+
+
+@pytest.mark.parametrize(
+    ("cluster", "wanted", "allow", "applied", "refused"),
+    [
+        ("add", "drop", False, "drop", False),
+        ("add", "keep", False, "keep", False),
+        ("keep", "drop", False, "drop", False),
+        ("keep", "add", False, "keep", True),
+        ("drop", "keep", False, "drop", True),
+        ("drop", "add", False, "drop", True),
+        ("drop", "add", True, "add:primary", False),
+        ("drop", "keep", True, "keep", False),
+    ],
+)
+def test_pod_override_never_escalates_unless_allowed(
+    cluster: str, wanted: str, allow: bool, applied: str, refused: bool
+) -> None:
+    pod = _pod(*LEGACY, **{"copilot-webhook.io/ptrace": wanted})
+    result = _decide(pod, ptrace={"mode": cluster, "allowPodOverride": allow})
+    assert result.audit["ptrace"] == applied
+    assert any("refused" in w for w in result.warnings) is refused
+
+
+def test_psa_restricted_namespace_gets_no_ptrace() -> None:
+    pod = _pod({"name": "main", "image": "python"}, {"name": "flyte-copilot-uploader", "image": FLYTE_IMAGE})
+    result = _decide(pod, labels={"pod-security.kubernetes.io/enforce": "restricted"})
+    assert result.ops == []
+    assert "restricted" in result.warnings[0]
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda p: p.update(spec=[]), "pod.spec must be an object, not array"),
+        (lambda p: p["spec"].update(containers={}), "pod.spec.containers must be an array, not object"),
+        (lambda p: p["spec"].pop("containers"), "pod.spec.containers is required"),
+        (lambda p: p["spec"]["containers"].append("x"), r"pod.spec.containers\[2\] must be an object, not string"),
+        (lambda p: p["spec"]["containers"][0].pop("name"), r"pod.spec.containers\[0\].name must be a string"),
+        (lambda p: p.update(metadata="x"), "pod.metadata must be an object"),
+        (lambda p: p["metadata"].update(annotations={"a": 1}), "annotations values must be strings"),
+        (
+            lambda p: p["spec"]["containers"][0].update(securityContext={"capabilities": {"add": "SYS_PTRACE"}}),
+            r"spec.containers\[0\].securityContext.capabilities.add must be an array of strings",
+        ),
+    ],
+)
+def test_unreadable_pods_are_named(mutate: Any, message: str) -> None:
+    pod = _pod(*[dict(c) for c in LEGACY])
+    pod["spec"]["containers"][0] = dict(pod["spec"]["containers"][0])
+    mutate(pod)
+    with pytest.raises(PodShapeError, match=message):
+        _decide(pod, ptrace={"target": "all"})

@@ -1,0 +1,242 @@
+"""End to end: the real server, started the way `copilot-webhook serve` starts it, with freshly made
+certificates, talked to as the API server does (TLS verified against the CA bundle)."""
+
+from __future__ import annotations
+
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+from cryptography.x509.oid import ExtendedKeyUsageOID
+
+from certs.authority import generate_ca, generate_files, issue_serving, write_files
+from tests.server_process import Server, client_context, running_server
+from tests.support import apply, decoded_patch, pod, review, validate
+
+CONFIG = "server:\n  maxBodyBytes: 65536\n  deadlineSeconds: 0.5\n"
+
+
+@pytest.fixture(scope="module")
+def server(tls_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    with running_server(tls_dir, tmp_path_factory.mktemp("e2e"), config=CONFIG) as running:
+        yield running
+
+
+def _review_bytes(obj: dict[str, object] | None = None, **request: object) -> bytes:
+    return orjson.dumps(review(obj or pod("flyte-1.15-bare.yaml"), **request))
+
+
+def test_mutate_over_verified_tls(server: Server) -> None:
+    obj = pod("flyte-1.15-bare.yaml")
+    with server.client() as client:
+        res = client.post("/mutate", content=orjson.dumps(review(obj)), headers={"content-type": "application/json"})
+    assert res.status_code == 200
+    answer = res.json()["response"]
+    mutated = apply(obj, decoded_patch(answer))
+    validate(mutated)
+    assert mutated["spec"]["containers"][0]["securityContext"]["capabilities"] == {"add": ["SYS_PTRACE"]}
+    assert mutated["metadata"]["annotations"]["copilot-webhook.io/mutated"] == "ptrace=add:primary"
+
+
+def test_tls_is_http1_only(server: Server) -> None:
+    context = client_context(server.ca)
+    context.set_alpn_protocols(["h2", "http/1.1"])
+    with (
+        socket.create_connection(("127.0.0.1", server.port)) as raw,
+        context.wrap_socket(raw, server_hostname="localhost") as tls,
+    ):
+        assert tls.selected_alpn_protocol() == "http/1.1"
+        assert tls.version() in ("TLSv1.2", "TLSv1.3")
+
+
+def test_tls_min_version_is_enforced(tls_dir: Path, tmp_path: Path) -> None:
+    with running_server(tls_dir, tmp_path / "srv", config="server:\n  tlsMinVersion: '1.3'\n") as server:
+        tls12 = client_context(server.ca)
+        tls12.maximum_version = ssl.TLSVersion.TLSv1_2
+        with pytest.raises(httpx.ConnectError), httpx.Client(verify=tls12) as client:
+            client.get(server.url + "/healthz")
+        with server.client() as client:
+            assert client.get("/healthz").status_code == 200
+
+
+def test_an_untrusted_ca_fails_verification(server: Server, tmp_path: Path) -> None:
+    generate_files(tmp_path, "other", "other", dns=["localhost"], ips=["127.0.0.1"])
+    with pytest.raises(httpx.ConnectError), httpx.Client(verify=client_context(tmp_path / "ca.crt")) as client:
+        client.get(server.url + "/healthz")
+
+
+def test_bad_input_gets_4xx_json_and_the_server_keeps_serving(server: Server) -> None:
+    cases = [
+        (b"not json", "application/json", 400, "not valid JSON"),
+        (b'{"kind": "AdmissionReview"}', "application/json", 400, "expected kind AdmissionReview"),
+        (
+            orjson.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {}}),
+            "application/json",
+            400,
+            "uid",
+        ),
+        (_review_bytes(), "text/xml", 415, "Content-Type"),
+        (b"{" + b" " * 70000 + b"}", "application/json", 413, "maxBodyBytes (65536)"),
+        (_review_bytes(spec="x"), "application/json", 200, ""),
+    ]
+    bad_pod = review({"spec": {"containers": "nope"}})
+    cases.append((orjson.dumps(bad_pod), "application/json", 400, "spec.containers must be an array"))
+    with server.client() as client:
+        for body, content_type, status, message in cases:
+            res = client.post("/mutate", content=body, headers={"content-type": content_type})
+            assert res.status_code == status, res.text
+            if status != 200:
+                assert message in res.json()["error"]
+            assert "Traceback" not in res.text
+        assert (
+            client.post("/mutate", content=_review_bytes(), headers={"content-type": "application/json"}).status_code
+            == 200
+        )
+    assert "Traceback" not in server.output()
+
+
+def test_a_stalled_body_is_answered_408_within_the_deadline(server: Server) -> None:
+    context = client_context(server.ca)
+    with (
+        socket.create_connection(("127.0.0.1", server.port)) as raw,
+        context.wrap_socket(raw, server_hostname="localhost") as tls,
+    ):
+        tls.sendall(
+            b"POST /mutate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 5000\r\n\r\n{"
+        )
+        started = time.monotonic()
+        tls.settimeout(5)
+        answer = tls.recv(4096)
+        waited = time.monotonic() - started
+        while not answer.endswith(b"}"):
+            answer += tls.recv(4096)
+    assert answer.startswith(b"HTTP/1.1 408")
+    assert b"body not received within server.deadlineSeconds (0.5 s)" in answer
+    assert 0.4 < waited < 2.5
+
+
+def test_concurrent_reviews_each_get_their_own_uid(server: Server) -> None:
+    results: dict[str, str] = {}
+
+    def worker(n: int) -> None:
+        with server.client() as client:
+            for i in range(20):
+                uid = f"u-{n}-{i}"
+                res = client.post(
+                    "/mutate", content=_review_bytes(uid=uid), headers={"content-type": "application/json"}
+                )
+                results[uid] = res.json()["response"]["uid"]
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == 80
+    assert all(k == v for k, v in results.items())
+
+
+def test_certificate_rotation_without_restart_or_failed_requests(tls_dir: Path, tmp_path: Path) -> None:
+    with running_server(tls_dir, tmp_path / "srv") as server:
+        failures: list[str] = []
+        stop = threading.Event()
+        done = [0]
+
+        def load() -> None:
+            # One keep-alive connection made before the rotation, trusting the old CA: it must keep working.
+            with server.client() as client:
+                while not stop.is_set():
+                    res = client.post("/mutate", content=_review_bytes(), headers={"content-type": "application/json"})
+                    if res.status_code != 200:
+                        failures.append(res.text)
+                    done[0] += 1
+
+        thread = threading.Thread(target=load)
+        thread.start()
+        time.sleep(0.3)
+        new_ca = generate_ca("rotated CA")
+        new_leaf = issue_serving(new_ca, ["localhost"], ["127.0.0.1"])
+        new_dir = tmp_path / "new"
+        write_files(new_dir, new_ca, new_leaf)
+        write_files(server.workdir, new_ca, new_leaf)  # atomic renames, as a Secret update would do
+        deadline = time.monotonic() + 10
+        rotated = False
+        while time.monotonic() < deadline and not rotated:
+            try:
+                with httpx.Client(verify=client_context(new_dir / "ca.crt")) as fresh:
+                    rotated = fresh.get(server.url + "/healthz").status_code == 200
+            except httpx.ConnectError:
+                time.sleep(0.2)
+        stop.set()
+        thread.join()
+        assert rotated, "new connections must be served with the new certificate"
+        assert failures == []
+        assert done[0] > 10
+        with pytest.raises(httpx.ConnectError), httpx.Client(verify=client_context(tls_dir / "ca.crt")) as stale:
+            stale.get(server.url + "/healthz")  # a client that trusts only the old CA no longer connects
+        metrics = httpx.get(server.url + "/metrics", verify=client_context(new_dir / "ca.crt")).text
+        assert 'copilot_webhook_certificate_reloads_total{result="ok"}' in metrics
+
+
+def test_client_certificates_are_required_with_client_ca(tls_dir: Path, tmp_path: Path) -> None:
+    client_ca = generate_ca("api server client CA")
+    client = issue_serving(client_ca, ["kube-apiserver"], usage=ExtendedKeyUsageOID.CLIENT_AUTH)
+    (tmp_path / "client-ca.crt").write_bytes(client_ca.cert_pem)
+    (tmp_path / "client.crt").write_bytes(client.cert_pem)
+    (tmp_path / "client.key").write_bytes(client.key_pem)
+    with running_server(tls_dir, tmp_path / "srv", "--client-ca", str(tmp_path / "client-ca.crt")) as server:
+        trusted = client_context(server.ca, tmp_path / "client.crt", tmp_path / "client.key")
+        with httpx.Client(verify=trusted) as good:
+            assert good.get(server.url + "/healthz").status_code == 200
+        with (
+            pytest.raises((httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError)),
+            httpx.Client(verify=client_context(server.ca)) as anonymous,
+        ):
+            anonymous.get(server.url + "/healthz")
+
+
+def test_configuration_reload_without_restart(tls_dir: Path, tmp_path: Path) -> None:
+    with (
+        running_server(tls_dir, tmp_path / "srv", config="ptrace:\n  mode: add\n") as server,
+        server.client() as client,
+    ):
+
+        def post() -> httpx.Response:
+            body = _review_bytes(pod("flyte-1.15.yaml"))
+            return client.post("/mutate", content=body, headers={"content-type": "application/json"})
+
+        assert "patch" not in post().json()["response"]  # Flyte 1.15 already has what add wants
+        config = server.workdir / "config.yaml"
+        staged = server.workdir / "config.new"
+        staged.write_text("ptrace:\n  mode: drop\n")
+        staged.replace(config)
+        assert _eventually(lambda: post().json()["response"].get("auditAnnotations", {}).get("ptrace") == "drop")
+        staged.write_text("ptrace:\n  mode: maybe\n")
+        staged.replace(config)
+        assert _eventually(lambda: "refused" in server.output())
+        assert post().json()["response"]["auditAnnotations"]["ptrace"] == "drop", "the last good configuration stays"
+        assert "ptrace.mode: 'maybe' is not allowed" in server.output()
+
+
+def _eventually(check: object, timeout: float = 8) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():  # type: ignore[operator]
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_sigterm_stops_cleanly(tls_dir: Path, tmp_path: Path) -> None:
+    with running_server(tls_dir, tmp_path / "srv") as server:
+        process = server.process
+    # uvicorn finishes what is in flight, then re-raises the signal so the exit status says why it stopped.
+    assert process.returncode == -15
+    assert "Finished server process" in server.output()
+    assert "Traceback" not in server.output()

@@ -1,0 +1,143 @@
+"""POST /preview and the preview function: every input form and output format, and its errors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+import yaml
+
+from tests.asgi import call
+from tests.support import PODS, apply, review, validate
+from webhook.config import build_settings
+from webhook.server import WebhookApp
+
+APP = WebhookApp(build_settings({}))
+POD_YAML = (PODS / "flyte-1.15-bare.yaml").read_bytes()
+
+
+def _preview(body: bytes, content_type: str = "application/yaml", query: str = "") -> Any:
+    return call(APP, "POST", "/preview" + query, body, content_type=content_type)
+
+
+def test_pod_yaml_preview_has_patch_object_changes_and_reasons() -> None:
+    res = _preview(POD_YAML)
+    assert res.status_code == 200
+    entry = res.json()
+    assert set(entry) == {"kind", "name", "allowed", "patch", "object", "changes", "warnings", "runtime"}
+    assert (entry["kind"], entry["name"], entry["allowed"]) == ("Pod", "bq2m4-n1-0", True)
+    original = yaml.safe_load(POD_YAML)
+    assert apply(original, entry["patch"]) == entry["object"]
+    validate(entry["object"])
+    reasons = {c["path"]: c["reason"] for c in entry["changes"]}
+    assert "primary container gets SYS_PTRACE" in reasons["/spec/containers/0/securityContext/capabilities"]
+    assert entry["runtime"] == {"flavour": None, "socket": None, "source": "none"}
+
+
+def test_pod_json_and_admission_review_give_the_same_patch() -> None:
+    obj = yaml.safe_load(POD_YAML)
+    as_json = _preview(orjson.dumps(obj), "application/json").json()
+    as_review = _preview(orjson.dumps(review(obj)), "application/json").json()
+    assert as_json["patch"] == as_review["patch"] != []
+    assert as_review["kind"] == "AdmissionReview"
+
+
+def test_deployment_template_paths_are_relative_to_the_workload() -> None:
+    template = yaml.safe_load(POD_YAML)
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "d", "namespace": "flyte"},
+        "spec": {
+            "selector": {"matchLabels": {"a": "b"}},
+            "template": {"metadata": {"labels": {"a": "b"}}, "spec": template["spec"]},
+        },
+    }
+    entry = _preview(orjson.dumps(deployment), "application/json").json()
+    assert entry["kind"] == "Deployment"
+    assert all(op["path"].startswith("/spec/template/") for op in entry["patch"])
+    assert apply(deployment, entry["patch"]) == entry["object"]
+    validate(entry["object"])
+
+
+def test_cronjob_template_is_found() -> None:
+    spec = yaml.safe_load(POD_YAML)["spec"]
+    cronjob = {
+        "apiVersion": "batch/v1",
+        "kind": "CronJob",
+        "metadata": {"name": "c"},
+        "spec": {"schedule": "* * * * *", "jobTemplate": {"spec": {"template": {"spec": spec}}}},
+    }
+    entry = _preview(orjson.dumps(cronjob), "application/json").json()
+    assert entry["patch"][0]["path"].startswith("/spec/jobTemplate/spec/template/spec/containers/0/")
+    validate(entry["object"])
+
+
+def test_multi_document_yaml_and_lists_answer_in_order() -> None:
+    body = POD_YAML + b"\n---\n" + (PODS / "plain.yaml").read_bytes()
+    entries = _preview(body).json()
+    assert [e["name"] for e in entries] == ["bq2m4-n1-0", "web"]
+    assert entries[0]["patch"]
+    assert not entries[1]["patch"]
+    listed = {"apiVersion": "v1", "kind": "List", "items": [yaml.safe_load(POD_YAML)]}
+    as_list = _preview(orjson.dumps(listed), "application/json").json()
+    assert isinstance(as_list, list)
+    assert len(as_list) == 1
+
+
+def test_output_formats() -> None:
+    mutated = yaml.safe_load(_preview(POD_YAML, query="?output=yaml").text)
+    assert mutated["spec"]["shareProcessNamespace"] is True
+    patch = _preview(POD_YAML, query="?output=patch")
+    assert patch.headers["content-type"] == "application/json-patch+json"
+    assert {"op": "add", "path": "/spec/shareProcessNamespace", "value": True} in patch.json()
+    diff = _preview(POD_YAML, query="?output=diff").text
+    assert diff.startswith("--- Pod/bq2m4-n1-0 (before)\n+++ Pod/bq2m4-n1-0 (after)\n")
+    assert "+  shareProcessNamespace: true\n" in diff
+
+
+def test_namespace_query_is_used_and_shadow_previews_show_changes_without_patch() -> None:
+    app = WebhookApp(build_settings({"mode": "shadow"}))
+    entry = call(app, "POST", "/preview?namespace=team-a", POD_YAML, content_type="text/yaml").json()
+    assert entry["patch"] == []
+    assert entry["changes"]
+    assert entry["object"] == yaml.safe_load(POD_YAML)
+
+
+def test_runtime_query_is_reported() -> None:
+    entry = _preview(POD_YAML, query="?runtime=cri-o&node=node-1").json()
+    assert entry["runtime"]["flavour"] == "cri-o"
+    assert entry["runtime"]["source"] == "query"
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type", "query", "status", "message"),
+    [
+        (POD_YAML, "application/yaml", "?output=xml", 400, "output='xml' is not allowed"),
+        (POD_YAML, "application/yaml", "?runtime=podman", 400, "runtime='podman' is not allowed"),
+        (POD_YAML, "application/yaml", "?node=Bad_Node", 400, "not a valid node name"),
+        (POD_YAML, "application/yaml", "?namespace=a.b", 400, "not a valid namespace name"),
+        (POD_YAML, "application/yaml", "?colour=blue", 400, "unknown query parameter(s) colour"),
+        (POD_YAML, "text/plain", "", 415, "Content-Type must be application/json or application/yaml"),
+        (b"kind: Service\nmetadata: {name: s}\n", "application/yaml", "", 400, "kind 'Service' is neither a Pod"),
+        (
+            b"kind: Deployment\nspec: {}\n",
+            "application/yaml",
+            "",
+            400,
+            "Deployment has no pod template at spec.template",
+        ),
+        (b"a: [1, 2\n", "application/yaml", "", 400, "body is not valid YAML"),
+        (b"", "application/yaml", "", 400, "body holds no object"),
+        (b"- 1\n- 2\n", "application/yaml", "", 400, "expected a Kubernetes object, got list"),
+        (b"kind: Pod\nspec: {containers: 3}\n", "application/yaml", "", 400, "spec.containers must be an array"),
+        (b"\xff\xfe", "application/yaml", "", 400, "not UTF-8"),
+        (b"a: &x [1]\nb: *x\n", "application/yaml", "", 400, "YAML aliases are not accepted"),
+        (b"{", "application/json", "", 400, "body is not valid JSON"),
+    ],
+)
+def test_preview_errors(body: bytes, content_type: str, query: str, status: int, message: str) -> None:
+    res = _preview(body, content_type, query)
+    assert res.status_code == status
+    assert message in res.json()["error"]
