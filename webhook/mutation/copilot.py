@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from webhook.config import CopilotSettings, PtraceMode, PtraceSettings
-from webhook.mutation.pod import Container, PodShapeError, PodView, optional_object, optional_strings
+from webhook.mutation.pod import Container, PodShapeError, PodView
 from webhook.mutation.pointer import Operation, add, remove
 
 SIDECAR_ROLES = frozenset({"uploader", "sidecar"})
@@ -108,12 +108,12 @@ def effective_mode(view: PodView, settings: PtraceSettings, result: PtraceResult
 def _capabilities(
     c: Container,
 ) -> tuple[dict[str, object] | None, dict[str, object] | None, list[str] | None, list[str] | None]:
-    sc = optional_object(c.body.get("securityContext"), c.where("securityContext"))
-    caps = optional_object(sc.get("capabilities"), c.where("securityContext", "capabilities")) if sc else None
+    sc = c.object_at(c.body.get("securityContext"), "securityContext")
+    caps = c.object_at(sc.get("capabilities"), "securityContext", "capabilities") if sc else None
     if caps is None:
         return sc, None, None, None
-    added = optional_strings(caps.get("add"), c.where("securityContext", "capabilities", "add"))
-    dropped = optional_strings(caps.get("drop"), c.where("securityContext", "capabilities", "drop"))
+    added = c.strings_at(caps.get("add"), "securityContext", "capabilities", "add")
+    dropped = c.strings_at(caps.get("drop"), "securityContext", "capabilities", "drop")
     return sc, caps, added, dropped
 
 

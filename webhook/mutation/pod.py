@@ -33,20 +33,9 @@ def type_name(value: Any) -> str:
 
 
 def expect_object(value: Any, where: str) -> dict[str, Any]:
+    """Callers test `type(x) is dict` first and only call this to fail: it formats the message."""
     if not isinstance(value, dict):
         raise PodShapeError(f"{where} must be an object, not {type_name(value)}")
-    return value
-
-
-def optional_object(value: Any, where: str) -> dict[str, Any] | None:
-    return None if value is None else expect_object(value, where)
-
-
-def optional_strings(value: Any, where: str) -> list[str] | None:
-    if value is None:
-        return None
-    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
-        raise PodShapeError(f"{where} must be an array of strings")
     return value
 
 
@@ -69,6 +58,18 @@ class Container:
     def where(self, *fields: str) -> str:
         return ".".join((f"spec.{self.field}[{self.index}]", *fields))
 
+    def object_at(self, value: Any, *fields: str) -> dict[str, Any] | None:
+        """`value`, read from the given fields of this container: None or an object (the message is only
+        built when the check fails: this runs for every target container on every request)."""
+        if value is None or type(value) is dict:
+            return value
+        raise PodShapeError(f"{self.where(*fields)} must be an object, not {type_name(value)}")
+
+    def strings_at(self, value: Any, *fields: str) -> list[str] | None:
+        if value is None or (type(value) is list and all(type(item) is str for item in value)):
+            return value
+        raise PodShapeError(f"{self.where(*fields)} must be an array of strings")
+
 
 @dataclass(slots=True)
 class PodView:
@@ -86,14 +87,22 @@ class PodView:
 
 
 def read_pod(pod: Any, where: str = "pod") -> PodView:
-    pod = expect_object(pod, where)
-    metadata = optional_object(pod.get("metadata"), f"{where}.metadata")
+    if type(pod) is not dict:
+        expect_object(pod, where)
+    metadata = pod.get("metadata")
     annotations = None
     if metadata is not None:
-        annotations = optional_object(metadata.get("annotations"), f"{where}.metadata.annotations")
-        if annotations is not None and not all(isinstance(v, str) for v in annotations.values()):
-            raise PodShapeError(f"{where}.metadata.annotations values must be strings")
-    spec = expect_object(pod.get("spec"), f"{where}.spec")
+        if type(metadata) is not dict:
+            expect_object(metadata, f"{where}.metadata")
+        annotations = metadata.get("annotations")
+        if annotations is not None:
+            if type(annotations) is not dict:
+                expect_object(annotations, f"{where}.metadata.annotations")
+            if not all(type(v) is str for v in annotations.values()):
+                raise PodShapeError(f"{where}.metadata.annotations values must be strings")
+    spec = pod.get("spec")
+    if type(spec) is not dict:
+        expect_object(spec, f"{where}.spec")
     found: list[Container] = []
     for field in CONTAINER_LISTS:
         items = spec.get(field)

@@ -1,0 +1,144 @@
+"""Load benchmark of POST /mutate over TLS with keep-alive connections, side by side with the reference
+webhooks, in one run: the same certificate, load generator, body, connection count and machine.
+
+    python bench/load.py --anchors DIR [--rounds 3] [--seconds 10] [--connections 16]
+
+DIR holds the anchors: go-floor/ (Go standard library webhook), py-naive/app.py (the FastAPI webhook most
+people write first), post.lua (wrk script). Needs wrk (Debian package `wrk`) and, for go-floor, Go.
+Targets are measured in turn within each round, so a noisy neighbour hurts all of them alike; the table
+gives the median over rounds of requests per second and of p50/p99 latency.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+HERE = Path(__file__).parent
+ROOT = HERE.parent
+BODY = HERE / "data" / "flyte-1.15-review.json"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_port(port: int, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"nothing listens on {port}")
+
+
+@contextmanager
+def _process(command: list[str], port: int, cwd: Path | None = None) -> Iterator[None]:
+    proc = subprocess.Popen(command, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait_port(port)
+        yield
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def _ms(text: str) -> float:
+    value, unit = re.fullmatch(r"([\d.]+)(us|ms|s)", text).groups()  # type: ignore[union-attr]
+    return float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
+
+
+def wrk(url: str, lua: Path | None, seconds: int, connections: int) -> dict[str, float]:
+    command = ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--latency", url]
+    if lua is not None:
+        command[1:1] = ["-s", str(lua)]
+    out = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "BODY": str(BODY)}, check=True).stdout
+    stats = {"rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))}  # type: ignore[union-attr]
+    for pct in ("50", "99"):
+        stats[f"p{pct}"] = _ms(re.search(rf"\s{pct}(?:\.000)?%\s+(\S+)", out).group(1))  # type: ignore[union-attr]
+    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    stats["errors"] = float(non2xx.group(1)) if non2xx else 0.0
+    return stats
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--anchors", type=Path, required=True)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=int, default=10)
+    parser.add_argument("--connections", type=int, default=16)
+    args = parser.parse_args()
+    anchors = args.anchors.resolve()
+    lua = anchors / "post.lua"
+    work = Path(tempfile.mkdtemp(prefix="copilot-webhook-bench-"))
+    subprocess.run(
+        [sys.executable, "-m", "webhook", "certs", "generate", "--out", str(work), "--service", "bench",
+         "--namespace", "bench", "--dns", "localhost", "--ip", "127.0.0.1"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    cert, key = str(work / "tls.crt"), str(work / "tls.key")
+    go = shutil.which("go") or "/usr/lib/go-1.19/bin/go"
+    go_bin = work / "go-floor"
+    subprocess.run([go, "build", "-o", str(go_bin), "."], cwd=anchors / "go-floor", check=True, env={**os.environ, "GOFLAGS": "-buildvcs=false", "GOCACHE": str(work / "gocache")})
+
+    ours, go_port, naive = _free_port(), _free_port(), _free_port()
+    servers = [
+        ([sys.executable, "-m", "webhook", "serve", "--host", "127.0.0.1", "--port", str(ours), "--tls-cert", cert,
+          "--tls-key", key, "--log-level", "warning"], ours, None),
+        ([str(go_bin), "-addr", f"127.0.0.1:{go_port}", "-cert", cert, "-key", key], go_port, None),
+        ([sys.executable, "-m", "uvicorn", "app:app", "--app-dir", str(anchors / "py-naive"), "--host", "127.0.0.1",
+          "--port", str(naive), "--ssl-certfile", cert, "--ssl-keyfile", key, "--no-access-log", "--log-level",
+          "warning"], naive, None),
+    ]  # fmt: skip
+    targets = {
+        "copilot-webhook POST /mutate": (f"https://127.0.0.1:{ours}/mutate", lua),
+        "copilot-webhook GET /healthz (no-op, same server)": (f"https://127.0.0.1:{ours}/healthz", None),
+        "go-floor POST /mutate": (f"https://127.0.0.1:{go_port}/mutate", lua),
+        "py-naive POST /mutate": (f"https://127.0.0.1:{naive}/mutate", lua),
+        "py-naive POST /noop (FastAPI no-op)": (f"https://127.0.0.1:{naive}/noop", lua),
+    }
+    results: dict[str, list[dict[str, float]]] = {name: [] for name in targets}
+    with _process(*servers[0]), _process(*servers[1]), _process(*servers[2]):
+        for name, (url, script) in targets.items():  # warm-up
+            wrk(url, script, 2, args.connections)
+        for round_ in range(args.rounds):
+            for name, (url, script) in targets.items():
+                results[name].append(wrk(url, script, args.seconds, args.connections))
+                print(f"round {round_ + 1} {name}: {results[name][-1]}", file=sys.stderr)
+
+    def med(name: str, key: str) -> float:
+        return statistics.median(r[key] for r in results[name])
+
+    ref = "copilot-webhook POST /mutate"
+    print(f"wrk -t1 -c{args.connections}, {args.seconds} s per target, {args.rounds} rounds; medians over rounds")
+    print()
+    print("| target | req/s | p50 ms | p99 ms | non-2xx | ours ÷ target (req/s) |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for name in targets:
+        errors = int(sum(r["errors"] for r in results[name]))
+        ratio = med(ref, "rps") / med(name, "rps")
+        print(f"| {name} | {med(name, 'rps'):,.0f} | {med(name, 'p50'):.2f} | {med(name, 'p99'):.2f} | {errors} | {ratio:.2f} |")
+    shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
