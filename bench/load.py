@@ -71,7 +71,9 @@ def wrk(url: str, lua: Path | None, seconds: int, connections: int) -> dict[str,
     command = ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--latency", url]
     if lua is not None:
         command[1:1] = ["-s", str(lua)]
-    out = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "BODY": str(BODY)}, check=True).stdout
+    out = subprocess.run(
+        command, capture_output=True, text=True, env={**os.environ, "BODY": str(BODY)}, check=True
+    ).stdout
     stats = {"rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))}  # type: ignore[union-attr]
     for pct in ("50", "99"):
         stats[f"p{pct}"] = _ms(re.search(rf"\s{pct}(?:\.000)?%\s+(\S+)", out).group(1))  # type: ignore[union-attr]
@@ -98,7 +100,12 @@ def main() -> None:
     cert, key = str(work / "tls.crt"), str(work / "tls.key")
     go = shutil.which("go") or "/usr/lib/go-1.19/bin/go"
     go_bin = work / "go-floor"
-    subprocess.run([go, "build", "-o", str(go_bin), "."], cwd=anchors / "go-floor", check=True, env={**os.environ, "GOFLAGS": "-buildvcs=false", "GOCACHE": str(work / "gocache")})
+    subprocess.run(
+        [go, "build", "-o", str(go_bin), "."],
+        cwd=anchors / "go-floor",
+        check=True,
+        env={**os.environ, "GOFLAGS": "-buildvcs=false", "GOCACHE": str(work / "gocache")},
+    )
 
     ours, go_port, naive = _free_port(), _free_port(), _free_port()
     servers = [
@@ -118,7 +125,7 @@ def main() -> None:
     }
     results: dict[str, list[dict[str, float]]] = {name: [] for name in targets}
     with _process(*servers[0]), _process(*servers[1]), _process(*servers[2]):
-        for name, (url, script) in targets.items():  # warm-up
+        for url, script in targets.values():  # warm-up
             wrk(url, script, 2, args.connections)
         for round_ in range(args.rounds):
             for name, (url, script) in targets.items():
@@ -136,7 +143,8 @@ def main() -> None:
     for name in targets:
         errors = int(sum(r["errors"] for r in results[name]))
         ratio = med(ref, "rps") / med(name, "rps")
-        print(f"| {name} | {med(name, 'rps'):,.0f} | {med(name, 'p50'):.2f} | {med(name, 'p99'):.2f} | {errors} | {ratio:.2f} |")
+        rps, p50, p99 = med(name, "rps"), med(name, "p50"), med(name, "p99")
+        print(f"| {name} | {rps:,.0f} | {p50:.2f} | {p99:.2f} | {errors} | {ratio:.2f} |")
     shutil.rmtree(work, ignore_errors=True)
 
 
