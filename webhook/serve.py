@@ -85,7 +85,7 @@ def serve(settings: Settings, config_file: str | None, overrides: Mapping[str, A
         log.error("cannot load the TLS certificate %s and key %s: %s", files.cert, files.key, exc)
         return 1
     metrics = Metrics()
-    app = WebhookApp(settings, metrics, readiness=[lambda: None if tls.context else "no certificate loaded"])
+    app = WebhookApp(settings, metrics, readiness=[tls.readiness])
     config = uvicorn.Config(
         app,
         host=server_settings.host,

@@ -12,7 +12,7 @@ import logging
 import os
 import ssl
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 
 from cryptography import x509
@@ -73,6 +73,13 @@ class ReloadingTLS:
         self._stamp = file_stamp(files.cert, files.key, files.client_ca)
         self.context = new_context(files)
         self.expires = not_after(files.cert)
+
+    def readiness(self, now: datetime | None = None) -> str | None:
+        """Not ready while the served certificate has expired: the API server would refuse every handshake."""
+        now = now or datetime.now(UTC)
+        if self.expires <= now:
+            return f"the served certificate {self.files.cert} expired at {self.expires.isoformat()}"
+        return None
 
     def reload_if_changed(self) -> bool | None:
         """True: reloaded; False: changed but refused (old pair still served); None: unchanged."""

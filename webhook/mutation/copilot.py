@@ -58,7 +58,7 @@ class Copilot:
     @property
     def native(self) -> bool:
         """Flyte >= 1.16: the uploader runs as a native sidecar and needs no capability."""
-        return any(c.is_init and c.restart_always for c in self.sidecars)
+        return any(c.field == "initContainers" and c.body.get("restartPolicy") == "Always" for c in self.sidecars)
 
 
 def find_copilot(view: PodView, settings: CopilotSettings) -> Copilot | None:
@@ -83,7 +83,7 @@ class Undecidable(Exception):
     """A well-formed pod for which no safe decision exists; handled per failurePolicy."""
 
 
-@dataclass
+@dataclass(slots=True)
 class PtraceResult:
     ops: list[tuple[Operation, str]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
@@ -156,9 +156,9 @@ def revoke(c: Container, result: PtraceResult) -> None:
 
 
 def primary_containers(view: PodView, copilot: Copilot) -> list[Container]:
-    copilot_ids = {id(c) for c in copilot.members}
+    members = copilot.members
     named = view.annotation(PRIMARY_ANNOTATION)
-    regular = [c for c in view.of("containers") if id(c) not in copilot_ids]
+    regular = [c for c in view.containers if c.field == "containers" and c not in members]
     if named is None:
         return regular
     chosen = [c for c in regular if c.name == named]

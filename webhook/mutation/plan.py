@@ -68,10 +68,10 @@ def summary_change(view: PodView, parts: Mapping[str, str]) -> Change | None:
     """Record what was done in the pod's `copilot-webhook.io/mutated` annotation, keeping the parts that
     another of our webhooks (there are two: ptrace and image-puller) wrote before."""
     current = view.annotation(MUTATED_ANNOTATION)
-    merged = parse_summary(current)
+    merged = parse_summary(current) if current else {}
     merged.update(parts)
     # One canonical order, so the value does not depend on which of our webhooks ran first.
-    order = sorted(merged, key=lambda k: (_SUMMARY_ORDER.get(k, len(_SUMMARY_ORDER)), k))
+    order = sorted(merged, key=lambda k: (_SUMMARY_ORDER.get(k, len(_SUMMARY_ORDER)), k)) if len(merged) > 1 else merged
     value = ";".join(f"{k}={merged[k]}" for k in order)
     if value == current:
         return None

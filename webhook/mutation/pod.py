@@ -39,7 +39,7 @@ def expect_object(value: Any, where: str) -> dict[str, Any]:
     return value
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)  # identity: two containers are never the same one
 class Container:
     field: str  # "containers", "initContainers" or "ephemeralContainers"
     index: int
