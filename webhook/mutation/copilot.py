@@ -58,7 +58,7 @@ class Copilot:
     @property
     def native(self) -> bool:
         """Flyte >= 1.16: the uploader runs as a native sidecar and needs no capability."""
-        return any(c.field == "initContainers" and c.body.get("restartPolicy") == "Always" for c in self.sidecars)
+        return any(c.is_init and c.body.get("restartPolicy") == "Always" for c in self.sidecars)
 
 
 def find_copilot(view: PodView, settings: CopilotSettings) -> Copilot | None:

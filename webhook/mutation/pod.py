@@ -6,7 +6,6 @@ sends, so every field we read is checked for its type here, once; the error name
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,10 +50,6 @@ class Container:
     def is_init(self) -> bool:
         return self.field == "initContainers"
 
-    @property
-    def restart_always(self) -> bool:
-        return self.body.get("restartPolicy") == "Always"
-
     def where(self, *fields: str) -> str:
         return ".".join((f"spec.{self.field}[{self.index}]", *fields))
 
@@ -81,9 +76,6 @@ class PodView:
 
     def annotation(self, key: str) -> str | None:
         return None if self.annotations is None else self.annotations.get(key)
-
-    def of(self, field: str) -> Iterator[Container]:
-        return (c for c in self.containers if c.field == field)
 
 
 def read_pod(pod: Any, where: str = "pod") -> PodView:
