@@ -41,7 +41,12 @@ def test_mutate_over_verified_tls(server: Server) -> None:
     mutated = apply(obj, decoded_patch(answer))
     validate(mutated)
     assert mutated["spec"]["containers"][0]["securityContext"]["capabilities"] == {"add": ["SYS_PTRACE"]}
-    assert mutated["metadata"]["annotations"]["copilot-webhook.io/mutated"] == "ptrace=add:primary"
+    summary = "ptrace=add:primary;image-puller=containerd:/run/containerd/containerd.sock"
+    assert mutated["metadata"]["annotations"]["copilot-webhook.io/mutated"] == summary
+    puller = mutated["spec"]["initContainers"][0]
+    assert puller["name"] == "copilot-webhook-image-puller"
+    socket = {"name": "copilot-webhook-runtime-socket", "mountPath": "/run/containerd/containerd.sock"}
+    assert puller["volumeMounts"] == [socket]
 
 
 def test_tls_is_http1_only(server: Server) -> None:
@@ -209,7 +214,7 @@ def test_configuration_reload_without_restart(tls_dir: Path, tmp_path: Path) -> 
 
         def post() -> httpx.Response:
             body = _review_bytes(pod("flyte-1.15.yaml"))
-            return client.post("/mutate", content=body, headers={"content-type": "application/json"})
+            return client.post("/mutate/ptrace", content=body, headers={"content-type": "application/json"})
 
         assert "patch" not in post().json()["response"]  # Flyte 1.15 already has what add wants
         config = server.workdir / "config.yaml"

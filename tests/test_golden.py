@@ -16,7 +16,8 @@ import yaml
 from tests.support import GOLDEN, apply, decoded_patch, load_yaml, validate
 from webhook.config import build_settings
 from webhook.mutation.facts import Facts, RequestFacts, cluster_facts
-from webhook.mutation.plan import plan
+from webhook.mutation.plan import KINDS, plan
+from webhook.mutation.runtime import node_facts
 from webhook.review import response
 
 OUTPUTS = (".patch.json", ".mutated.yaml", ".answer.yaml")
@@ -37,10 +38,22 @@ def _case(name: str) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def _run(obj: dict[str, Any], context: dict[str, Any]) -> dict[str, Any]:
+    """Context keys: settings, namespace, namespaceLabels, kinds, request (runtime, node what-ifs),
+    nodes (the node cache: name, runtime, labels, annotations), nodeState (none, unsynced, synced)."""
     settings = build_settings(context.get("settings", {}))
     namespace = context.get("namespace") or obj["metadata"].get("namespace", "default")
-    facts = Facts(RequestFacts(namespace), cluster_facts(context.get("namespaceLabels")))
-    return response("golden", plan(obj, facts, settings), settings)
+    nodes = None
+    if "nodes" in context:
+        nodes = {
+            n["name"]: node_facts(n.get("runtime"), n.get("labels", {}), n.get("annotations", {}))
+            for n in context["nodes"]
+        }
+    cluster = cluster_facts(context.get("namespaceLabels"), nodes, context.get("nodeState"))
+    request = RequestFacts(
+        namespace, runtime=context.get("request", {}).get("runtime"), node=context.get("request", {}).get("node")
+    )
+    kinds = tuple(context.get("kinds", KINDS))
+    return response("golden", plan(obj, Facts(request, cluster), settings, kinds), settings)
 
 
 def _check(path: Path, actual: str) -> None:

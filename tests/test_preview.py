@@ -32,7 +32,11 @@ def test_pod_yaml_preview_has_patch_object_changes_and_reasons() -> None:
     validate(entry["object"])
     reasons = {c["path"]: c["reason"] for c in entry["changes"]}
     assert "primary container gets SYS_PTRACE" in reasons["/spec/containers/0/securityContext/capabilities"]
-    assert entry["runtime"] == {"flavour": None, "socket": None, "source": "none"}
+    assert entry["runtime"] == {
+        "flavour": "containerd",
+        "socket": "/run/containerd/containerd.sock",
+        "source": "imagePuller.defaultRuntime",
+    }
 
 
 def test_pod_json_and_admission_review_give_the_same_patch() -> None:

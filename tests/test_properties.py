@@ -14,7 +14,7 @@ from tests.support import apply, decoded_patch
 from webhook.config import Settings, build_settings
 from webhook.mutation.copilot import find_copilot, is_ptrace
 from webhook.mutation.facts import Facts, RequestFacts
-from webhook.mutation.plan import plan
+from webhook.mutation.plan import KINDS, PTRACE, plan
 from webhook.mutation.pod import read_pod
 from webhook.review import response
 
@@ -106,8 +106,8 @@ FACTS = Facts(RequestFacts("ns"))
 CONTAINER_PATH = re.compile(r"^/spec/(containers|initContainers|ephemeralContainers)/(\d+)(/|$)")
 
 
-def _answer(pod: dict[str, Any], cfg: Settings) -> dict[str, Any]:
-    return response("uid", plan(pod, FACTS, cfg), cfg)
+def _answer(pod: dict[str, Any], cfg: Settings, kinds: tuple[str, ...] = KINDS) -> dict[str, Any]:
+    return response("uid", plan(pod, FACTS, cfg, kinds), cfg)
 
 
 def _effective_ptrace(container: dict[str, Any]) -> bool:
@@ -131,7 +131,7 @@ def test_patch_applies_and_is_idempotent(pod: dict[str, Any], cfg: Settings) -> 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(pods(), SETTINGS)
 def test_only_identified_containers_are_touched(pod: dict[str, Any], cfg: Settings) -> None:
-    answer = _answer(pod, cfg)
+    answer = _answer(pod, cfg, (PTRACE,))
     ops = decoded_patch(answer)
     copilot = find_copilot(read_pod(pod), cfg.copilot)
     if copilot is None:
@@ -174,3 +174,21 @@ def test_only_identified_containers_are_touched(pod: dict[str, Any], cfg: Settin
 def test_mutated_pods_validate_against_the_kubernetes_schema(pod: dict[str, Any], cfg: Settings) -> None:
     mutated = apply(pod, decoded_patch(_answer(pod, cfg)))
     kubernetes_validate.validate(mutated, "1.37.0", strict=True)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pods(), SETTINGS)
+def test_the_puller_is_the_only_container_added_and_alone_sees_the_socket(pod: dict[str, Any], cfg: Settings) -> None:
+    answer = _answer(pod, cfg)
+    mutated = apply(pod, decoded_patch(answer))
+    before = [c["name"] for f in ("initContainers", "containers") for c in pod["spec"].get(f, [])]
+    after = [c["name"] for f in ("initContainers", "containers") for c in mutated["spec"].get(f, [])]
+    added = [name for name in after if name not in before]
+    assert added in ([], ["copilot-webhook-image-puller"])
+    if added:
+        assert find_copilot(read_pod(pod), cfg.copilot) is not None, "scope copilot: only copilot pods get a puller"
+        assert mutated["spec"]["initContainers"][0]["name"] == "copilot-webhook-image-puller"
+        for field in ("initContainers", "containers"):
+            for c in mutated["spec"].get(field, []):
+                mounts = {m["name"] for m in c.get("volumeMounts", [])}
+                assert ("copilot-webhook-runtime-socket" in mounts) == (c["name"] == "copilot-webhook-image-puller")

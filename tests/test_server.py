@@ -18,6 +18,16 @@ def _app(**settings: Any) -> WebhookApp:
     return WebhookApp(build_settings(settings))
 
 
+def test_mutate_image_puller_alone() -> None:
+    obj = pod("flyte-1.15-bare.yaml")
+    answer = post_json(_app(), "/mutate/image-puller", review(obj)).json()["response"]
+    assert answer["auditAnnotations"] == {"image-puller": "containerd:/run/containerd/containerd.sock"}
+    mutated = apply(obj, decoded_patch(answer))
+    validate(mutated)
+    assert "capabilities" not in mutated["spec"]["containers"][0]["securityContext"]
+    assert mutated["spec"]["initContainers"][0]["name"] == "copilot-webhook-image-puller"
+
+
 def test_mutate_v1_answers_with_patch_and_echoes_uid() -> None:
     obj = pod("flyte-1.15-bare.yaml")
     res = post_json(_app(), "/mutate", review(obj, uid="uid-123"))
@@ -28,7 +38,10 @@ def test_mutate_v1_answers_with_patch_and_echoes_uid() -> None:
     answer = body["response"]
     assert answer["uid"] == "uid-123"
     assert answer["allowed"] is True
-    assert answer["auditAnnotations"] == {"ptrace": "add:primary"}
+    assert answer["auditAnnotations"] == {
+        "ptrace": "add:primary",
+        "image-puller": "containerd:/run/containerd/containerd.sock",
+    }
     mutated = apply(obj, decoded_patch(answer))
     validate(mutated)
     assert mutated["spec"]["containers"][0]["securityContext"]["capabilities"]["add"] == ["SYS_PTRACE"]
@@ -59,7 +72,7 @@ def test_anything_but_a_pod_create_is_allowed_without_patch(request_fields: dict
 
 
 def test_shadow_mode_reports_but_does_not_patch() -> None:
-    res = post_json(_app(mode="shadow"), "/mutate", review(pod("flyte-1.15-bare.yaml")))
+    res = post_json(_app(mode="shadow"), "/mutate/ptrace", review(pod("flyte-1.15-bare.yaml")))
     answer = res.json()["response"]
     assert "patch" not in answer
     assert answer["auditAnnotations"] == {"ptrace": "add:primary"}
@@ -84,10 +97,20 @@ def _undecidable() -> dict[str, Any]:
 
 
 def test_undecided_with_failure_policy_ignore_admits_unchanged_with_warning() -> None:
-    answer = post_json(_app(), "/mutate", _undecidable()).json()["response"]
+    answer = post_json(_app(), "/mutate/ptrace", _undecidable()).json()["response"]
     assert answer["allowed"] is True
     assert "patch" not in answer
     assert "primary_container_name 'ghost'" in answer["warnings"][0]
+
+
+def test_undecided_part_is_left_out_of_mutate_under_ignore() -> None:
+    """/mutate does both kinds: an undecidable ptrace part does not hold back the puller."""
+    answer = post_json(_app(), "/mutate", _undecidable()).json()["response"]
+    assert answer["allowed"] is True
+    ops = decoded_patch(answer)
+    assert [op["path"] for op in ops if "securityContext" in op["path"]] == []
+    assert ops[0]["value"]["name"] == "copilot-webhook-image-puller"
+    assert "cannot decide: primary_container_name 'ghost'" in answer["warnings"][-1]
 
 
 def test_undecided_with_failure_policy_fail_denies_naming_the_cause() -> None:

@@ -12,6 +12,7 @@ variables, while we must refuse `COPILOT_WEBHOOK_PTRACE__MOOD` as loudly as `ptr
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -69,6 +70,73 @@ class PreviewSettings(_Section):
     enabled: bool = True
 
 
+Flavour = Literal["docker", "containerd", "cri-o"]
+FLAVOURS: tuple[Flavour, ...] = ("docker", "containerd", "cri-o")
+PULLER_IMAGE = "ghcr.io/copilot-webhook/image-puller:0.1.0"
+# Kubernetes resource quantities, e.g. 10m, 64Mi, 1.5, 1e3 (apimachinery's resource.Quantity).
+_QUANTITY = re.compile(r"^[+]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+|[numkKMGTPE]|[KMGTPE]i)?$")
+
+
+class _PerFlavour(_Section):
+    docker: str
+    containerd: str
+    cri_o: str = Field(alias="cri-o")
+
+    def of(self, flavour: str) -> str:
+        return {"docker": self.docker, "containerd": self.containerd, "cri-o": self.cri_o}[flavour]
+
+
+class PullerImages(_PerFlavour):
+    """One image carries the docker CLI and crictl; a flavour may name its own."""
+
+    docker: str = Field(default=PULLER_IMAGE, min_length=1)
+    containerd: str = Field(default=PULLER_IMAGE, min_length=1)
+    cri_o: str = Field(default=PULLER_IMAGE, alias="cri-o", min_length=1)
+
+
+class Sockets(_PerFlavour):
+    docker: str = Field(default="/var/run/docker.sock", pattern="^/")
+    containerd: str = Field(default="/run/containerd/containerd.sock", pattern="^/")
+    cri_o: str = Field(default="/var/run/crio/crio.sock", alias="cri-o", pattern="^/")
+
+
+class Quantities(_Section):
+    cpu: str | None = None
+    memory: str | None = None
+
+    @field_validator("cpu", "memory")
+    @classmethod
+    def _quantity(cls, value: str | None) -> str | None:
+        if value is not None and not _QUANTITY.match(value):
+            raise ValueError("expected a Kubernetes quantity such as 10m, 64Mi or 0.5")
+        return value
+
+    def as_dict(self) -> dict[str, str]:
+        return {k: v for k, v in (("cpu", self.cpu), ("memory", self.memory)) if v is not None}
+
+
+class Resources(_Section):
+    requests: Quantities = Quantities(cpu="10m", memory="32Mi")
+    limits: Quantities = Quantities(cpu="500m", memory="128Mi")
+
+
+class ImagePullerSettings(_Section):
+    enabled: bool = True
+    scope: Literal["copilot", "all"] = "copilot"
+    images: tuple[str, ...] = ("*",)
+    exclude: tuple[str, ...] = ()
+    puller_images: PullerImages = PullerImages()
+    runtime: Literal["auto", "docker", "containerd", "cri-o"] = "auto"
+    default_runtime: Flavour = "containerd"
+    sockets: Sockets = Sockets()
+    heterogeneous: Literal["skip", "pin"] = "skip"
+    runtime_label: str = Field(default="copilot-webhook.io/container-runtime", min_length=1, max_length=316)
+    labeller: bool = False
+    timeout_seconds: int = Field(default=300, ge=1, le=3600)
+    failure_policy: Literal["Ignore", "Fail"] = "Ignore"
+    resources: Resources = Resources()
+
+
 class ClusterSettings(_Section):
     enabled: Literal["auto", "true", "false"] = "auto"
     kubeconfig: str | None = None
@@ -87,6 +155,10 @@ class Settings(_Section):
     server: ServerSettings = ServerSettings()
     preview: PreviewSettings = PreviewSettings()
     cluster: ClusterSettings = ClusterSettings()
+    image_puller: ImagePullerSettings = ImagePullerSettings()
+
+
+_DEFAULTS: dict[str, Any] = Settings().model_dump(by_alias=True)
 
 
 class ConfigError(ValueError):
@@ -181,9 +253,10 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
 
 
 def build_settings(data: Mapping[str, Any]) -> Settings:
-    """Validate a plain mapping (file contents, test input) into Settings, or raise ConfigError."""
+    """Validate a plain mapping (file contents, test input) into Settings, or raise ConfigError. It is
+    layered over the defaults, so a partial nested value (`limits: {memory: 1Gi}`) keeps its siblings."""
     try:
-        return Settings.model_validate(dict(data))
+        return Settings.model_validate(_merge(_DEFAULTS, data))
     except ValidationError as exc:
         raise ConfigError("; ".join(_describe(e) for e in exc.errors())) from None
 

@@ -148,9 +148,17 @@ def _entry(
         "object": mutated,
         "changes": [{"op": c.op["op"], "path": prefix + c.op["path"], "reason": c.reason} for c in changes],
         "warnings": answer.get("warnings", []) + ([answer["status"]["message"]] if "status" in answer else []),
-        "runtime": {"flavour": query.runtime, "socket": None, "source": "query" if query.runtime else "none"},
+        "runtime": _runtime(decided),
         "_before": obj,
     }
+
+
+def _runtime(decided: Plan | None) -> dict[str, Any]:
+    runtime = decided.runtime if decided is not None else None
+    if runtime is None:
+        note = decided.runtime_note if decided is not None else "not a Pod CREATE"
+        return {"flavour": None, "socket": None, "source": note}
+    return {"flavour": runtime.flavour, "socket": runtime.socket, "source": runtime.source}
 
 
 def preview_one(where: str, obj: Any, settings: Settings, query: Query, namespaces: NamespaceFacts) -> dict[str, Any]:
@@ -166,7 +174,7 @@ def preview_one(where: str, obj: Any, settings: Settings, query: Query, namespac
         return _entry(
             "AdmissionReview",
             pod if isinstance(pod, dict) else {},
-            decide(request, settings, namespaces),
+            decide(request, settings, namespaces, runtime=query.runtime, node=query.node),
             "",
             settings,
             query,
@@ -188,7 +196,8 @@ def preview_one(where: str, obj: Any, settings: Settings, query: Query, namespac
         )
     namespace = _namespace(obj, query)
     try:
-        decided = plan(pod, Facts(RequestFacts(namespace, dry_run=True), namespaces(namespace)), settings)
+        facts = Facts(RequestFacts(namespace, True, query.runtime, query.node), namespaces(namespace))
+        decided = plan(pod, facts, settings)
     except PodShapeError as exc:
         raise RequestError(400, f"{where}: {exc}") from None
     return _entry(kind, obj, decided, prefix, settings, query)

@@ -92,13 +92,19 @@ def is_pod_create(request: dict[str, Any]) -> bool:
     )
 
 
-def request_facts(request: dict[str, Any], pod: dict[str, Any], namespaces: NamespaceFacts) -> Facts:
+def request_facts(
+    request: dict[str, Any],
+    pod: dict[str, Any],
+    namespaces: NamespaceFacts,
+    runtime: str | None = None,
+    node: str | None = None,
+) -> Facts:
     namespace = request.get("namespace")
     if type(namespace) is not str or not namespace:
         metadata = pod.get("metadata")
         namespace = metadata.get("namespace") if type(metadata) is dict else None
         namespace = namespace if type(namespace) is str else ""
-    return Facts(RequestFacts(namespace, request.get("dryRun") is True), namespaces(namespace))
+    return Facts(RequestFacts(namespace, request.get("dryRun") is True, runtime, node), namespaces(namespace))
 
 
 def decide(
@@ -106,6 +112,8 @@ def decide(
     settings: Settings,
     namespaces: NamespaceFacts = no_cluster,
     kinds: Collection[str] = KINDS,
+    runtime: str | None = None,
+    node: str | None = None,
 ) -> Plan | None:
     """The plan for a review's request; None when the request is not a Pod CREATE (nothing to do)."""
     if not is_pod_create(request):
@@ -114,7 +122,7 @@ def decide(
     if type(pod) is not dict:
         raise RequestError(400, f"AdmissionReview.request.object must be a Pod object, got {type_name(pod)}")
     try:
-        return plan(pod, request_facts(request, pod, namespaces), settings, kinds)
+        return plan(pod, request_facts(request, pod, namespaces, runtime, node), settings, kinds)
     except PodShapeError as exc:
         raise RequestError(400, f"AdmissionReview.request.object: {exc}") from None
     except Exception as exc:  # a bug must not turn into an HTTP error: failurePolicy decides
@@ -135,8 +143,8 @@ def response(uid: str, decided: Plan | None, settings: Settings) -> dict[str, An
                 "message": f"copilot-webhook cannot decide (failurePolicy Fail): {decided.undecided}",
             }
         else:
-            warnings.append(_warning(f"admitted unchanged, cannot decide: {decided.undecided}"))
-    elif decided.changes and not decided.shadow:
+            warnings.append(_warning(f"left unchanged, cannot decide: {decided.undecided}"))
+    if decided.changes and not decided.shadow and answer["allowed"]:
         answer["patchType"] = "JSONPatch"
         answer["patch"] = base64.b64encode(orjson.dumps([c.op for c in decided.changes])).decode("ascii")
     if decided.audit:

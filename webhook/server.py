@@ -21,7 +21,7 @@ from webhook import preview as previews
 from webhook.config import Settings
 from webhook.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from webhook.metrics import Metrics
-from webhook.mutation.plan import KINDS, PTRACE
+from webhook.mutation.plan import KINDS, PTRACE, PULLER
 from webhook.review import (
     NamespaceFacts,
     RequestError,
@@ -42,10 +42,15 @@ Readiness = Callable[[], str | None]  # None when ready, else why not
 
 JSON = "application/json"
 YAML_TYPES = ("application/yaml", "text/yaml", "application/x-yaml")
-MUTATE_PATHS: dict[str, Sequence[str]] = {"/mutate": KINDS, "/mutate/ptrace": (PTRACE,)}
+MUTATE_PATHS: dict[str, Sequence[str]] = {
+    "/mutate": KINDS,
+    "/mutate/ptrace": (PTRACE,),
+    "/mutate/image-puller": (PULLER,),
+}
 ROUTES = {
     "/mutate": "POST",
     "/mutate/ptrace": "POST",
+    "/mutate/image-puller": "POST",
     "/preview": "POST",
     "/healthz": "GET",
     "/readyz": "GET",
@@ -148,7 +153,8 @@ class WebhookApp:
         if method is None or (path == "/preview" and not self.settings.preview.enabled):
             return error(
                 404,
-                f"no endpoint {path}; endpoints: POST /mutate, /mutate/ptrace, /preview; GET /healthz, /readyz, "
+                f"no endpoint {path}; endpoints: POST /mutate, /mutate/ptrace, /mutate/image-puller, /preview; "
+                "GET /healthz, /readyz, "
                 "/metrics",
             )
         if scope["method"] != method and not (method == "GET" and scope["method"] == "HEAD"):

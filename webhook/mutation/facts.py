@@ -8,22 +8,58 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 INJECT_LABEL = "copilot-webhook.io/inject"
 MODE_LABEL = "copilot-webhook.io/mode"
 PSA_ENFORCE_LABEL = "pod-security.kubernetes.io/enforce"
+NAMESPACE_LABELS = (INJECT_LABEL, MODE_LABEL, PSA_ENFORCE_LABEL)  # all the namespace cache keeps
+
+NodeState = Literal["none", "unsynced", "synced"]
 
 
 class RequestFacts(NamedTuple):
     namespace: str
     dry_run: bool = False
+    runtime: str | None = None  # a preview's what-if: this flavour, whatever the nodes say
+    node: str | None = None  # a preview's what-if: the pod lands on this node
+
+
+class NodeFacts(NamedTuple):
+    """The little the runtime rules read of a Node (spec 1.4); the cache keeps nothing else."""
+
+    flavour: str | None  # docker, containerd, cri-o; None when the runtime is unknown
+    cri_socket: str | None  # kubeadm's cri-socket annotation, unix:// stripped
+    distro: str | None  # k3s, microk8s or None
+    labels: Mapping[str, str]
+
+    @property
+    def group(self) -> tuple[str | None, str | None, str | None]:
+        return (self.flavour, self.cri_socket, self.distro)
+
+
+class NodeSnapshot(NamedTuple):
+    """An immutable view of the node cache: the nodes, and how many share each runtime (for pods that
+    may land anywhere, so a request never walks thousands of nodes)."""
+
+    nodes: Mapping[str, NodeFacts]
+    groups: Mapping[tuple[str | None, str | None, str | None], int]
+
+
+def node_snapshot(nodes: Mapping[str, NodeFacts]) -> NodeSnapshot:
+    groups: dict[tuple[str | None, str | None, str | None], int] = {}
+    for facts in nodes.values():
+        groups[facts.group] = groups.get(facts.group, 0) + 1
+    return NodeSnapshot(MappingProxyType(dict(nodes)), MappingProxyType(groups))
 
 
 class ClusterFacts(NamedTuple):
-    """What is known of the pod's namespace. `namespace_labels` is None when there is no cluster access."""
+    """What is known of the cluster. `namespace_labels` is None when the namespace is not known (no
+    cluster access); `node_state` says whether there is a node cache and whether it has synced."""
 
     namespace_labels: Mapping[str, str] | None = None
+    nodes: NodeSnapshot | None = None
+    node_state: NodeState = "none"
 
     def label(self, key: str) -> str | None:
         return None if self.namespace_labels is None else self.namespace_labels.get(key)
@@ -37,10 +73,17 @@ class ClusterFacts(NamedTuple):
 NO_CLUSTER = ClusterFacts()
 
 
-def cluster_facts(namespace_labels: Mapping[str, str] | None) -> ClusterFacts:
-    if namespace_labels is None:
+def cluster_facts(
+    namespace_labels: Mapping[str, str] | None,
+    nodes: Mapping[str, NodeFacts] | None = None,
+    node_state: NodeState | None = None,
+) -> ClusterFacts:
+    if namespace_labels is None and nodes is None and node_state is None:
         return NO_CLUSTER
-    return ClusterFacts(MappingProxyType(dict(namespace_labels)))
+    labels = None if namespace_labels is None else MappingProxyType(dict(namespace_labels))
+    snapshot = None if nodes is None else node_snapshot(nodes)
+    state: NodeState = node_state or ("synced" if nodes is not None else "none")
+    return ClusterFacts(labels, snapshot, state)
 
 
 class Facts(NamedTuple):

@@ -16,12 +16,15 @@ from webhook.mutation.copilot import Undecidable, find_copilot, plan_ptrace
 from webhook.mutation.facts import INJECT_LABEL, MODE_LABEL, Facts
 from webhook.mutation.pod import PodView, read_pod
 from webhook.mutation.pointer import Operation, add, join
+from webhook.mutation.puller import plan_puller
+from webhook.mutation.runtime import Runtime
 
 PTRACE = "ptrace"
-KINDS = (PTRACE,)
+PULLER = "image-puller"
+KINDS = (PTRACE, PULLER)
 INJECT_ANNOTATION = "copilot-webhook.io/inject"
 MUTATED_ANNOTATION = "copilot-webhook.io/mutated"
-_SUMMARY_ORDER = {PTRACE: 0, "image-puller": 1}
+_SUMMARY_ORDER = {PTRACE: 0, PULLER: 1}
 _MUTATED_PATH = join("metadata", "annotations", MUTATED_ANNOTATION)
 
 
@@ -45,6 +48,8 @@ class Plan:
     outcomes: dict[str, Outcome] = field(default_factory=dict)
     shadow: bool = False
     undecided: str | None = None
+    runtime: Runtime | None = None  # the image puller's runtime decision, when it got that far
+    runtime_note: str = ""  # why there is no runtime decision
 
     @property
     def ops(self) -> list[Operation]:
@@ -97,29 +102,55 @@ def plan(pod: Any, facts: Facts, settings: Settings, kinds: Collection[str] = KI
     audit: dict[str, str] = {}
     outcomes: dict[str, Outcome] = {}
     summary: dict[str, str] = {}
+    undecided: list[str] = []
+    runtime: Runtime | None = None
+    runtime_note = "image puller not planned"
+    copilot = find_copilot(view, settings.copilot)
 
+    # Each kind's operations are computed against the pod as sent; the ptrace operations come first
+    # because the puller inserts an init container at index 0, which would shift the paths after it.
     if PTRACE in kinds:
-        copilot = find_copilot(view, settings.copilot)
         if copilot is None:
             outcomes[PTRACE] = Outcome(False, "not-copilot")
         else:
             try:
                 result = plan_ptrace(view, copilot, settings.ptrace, cluster.pod_security_level)
             except Undecidable as exc:
-                return Plan(shadow=shadow, undecided=str(exc), outcomes={PTRACE: Outcome(False, "undecided")})
-            changes += [Change(op, why) for op, why in result.ops]
-            warnings += result.warnings
-            audit[PTRACE] = result.decision
-            if result.ops:
-                summary[PTRACE] = result.decision
-            outcomes[PTRACE] = Outcome(
-                bool(result.ops), result.decision.split(":")[0] if result.ops else str(result.skip_reason)
+                undecided.append(str(exc))
+                outcomes[PTRACE] = Outcome(False, "undecided")
+            else:
+                changes += [Change(op, why) for op, why in result.ops]
+                warnings += result.warnings
+                audit[PTRACE] = result.decision
+                if result.ops:
+                    summary[PTRACE] = result.decision
+                outcomes[PTRACE] = Outcome(
+                    bool(result.ops), result.decision.split(":")[0] if result.ops else str(result.skip_reason)
+                )
+
+    if PULLER in kinds:
+        recorded = PULLER in parse_summary(view.annotation(MUTATED_ANNOTATION))
+        try:
+            pulled = plan_puller(view, copilot is not None, facts, settings.image_puller, recorded)
+        except Undecidable as exc:
+            undecided.append(str(exc))
+            outcomes[PULLER] = Outcome(False, "undecided")
+        else:
+            changes += [Change(op, why) for op, why in pulled.ops]
+            warnings += pulled.warnings
+            if pulled.skip_reason not in ("disabled", "not-copilot"):
+                audit[PULLER] = pulled.decision
+            if pulled.ops:
+                summary[PULLER] = pulled.decision
+            outcomes[PULLER] = Outcome(
+                bool(pulled.ops), pulled.runtime.flavour if pulled.ops and pulled.runtime else str(pulled.skip_reason)
             )
+            runtime, runtime_note = pulled.runtime, pulled.decision
 
     if summary:
-        recorded = summary_change(view, summary)
-        if recorded is not None:
-            changes.append(recorded)
+        recorded_change = summary_change(view, summary)
+        if recorded_change is not None:
+            changes.append(recorded_change)
     if shadow and changes:
         warnings.append(f"shadow mode: {len(changes)} patch operation(s) computed but not applied")
-    return Plan(changes, warnings, audit, outcomes, shadow)
+    return Plan(changes, warnings, audit, outcomes, shadow, "; ".join(undecided) or None, runtime, runtime_note)

@@ -1,0 +1,242 @@
+"""Which container runtime, and which socket, the pod's node will have (spec 1.4). Pure.
+
+The runtime of a node is the scheme of `status.nodeInfo.containerRuntimeVersion` (`containerd://1.7.7-k3s1.27`
+is containerd); anything else, an empty value or `Unknown`, is not guessed. The socket comes from kubeadm's
+`cri-socket` annotation when set, else from the distribution (k3s, microk8s), else from the flavour.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from webhook.config import FLAVOURS, ImagePullerSettings
+from webhook.mutation.facts import ClusterFacts, NodeFacts, RequestFacts
+from webhook.mutation.pod import PodShapeError, PodView, type_name
+
+CRI_SOCKET_ANNOTATION = "kubeadm.alpha.kubernetes.io/cri-socket"
+K3S_SOCKET = "/run/k3s/containerd/containerd.sock"
+MICROK8S_SOCKET = "/var/snap/microk8s/common/run/containerd.sock"
+K3S_LABEL = ("node.kubernetes.io/instance-type", "k3s")
+MICROK8S_LABELS = ("node.kubernetes.io/microk8s-controlplane", "node.kubernetes.io/microk8s-worker")
+
+
+def flavour_of(runtime_version: Any) -> str | None:
+    if not isinstance(runtime_version, str) or "://" not in runtime_version:
+        return None
+    scheme = runtime_version.split("://", 1)[0].lower()
+    return scheme if scheme in FLAVOURS else None
+
+
+def node_facts(runtime_version: Any, labels: Mapping[str, str], annotations: Mapping[str, str]) -> NodeFacts:
+    flavour = flavour_of(runtime_version)
+    socket = annotations.get(CRI_SOCKET_ANNOTATION) or None
+    if socket is not None:
+        socket = socket.removeprefix("unix://")
+    distro = None
+    if (isinstance(runtime_version, str) and "-k3s" in runtime_version) or labels.get(K3S_LABEL[0]) == K3S_LABEL[1]:
+        distro = "k3s"
+    elif any(key in labels for key in MICROK8S_LABELS):
+        distro = "microk8s"
+    return NodeFacts(flavour, socket, distro, labels)
+
+
+class Runtime(NamedTuple):
+    flavour: str
+    socket: str
+    client: str  # the puller's client: "docker" (Docker Engine API) or "crictl" (any CRI socket)
+    source: str  # which node or rule decided, for previews and audit
+
+
+def socket_of(
+    facts: NodeFacts | tuple[str | None, str | None, str | None], settings: ImagePullerSettings
+) -> tuple[str, str]:
+    """(socket, client) for a node of a known flavour."""
+    flavour, cri_socket, distro = facts[0], facts[1], facts[2]
+    assert flavour is not None
+    if cri_socket:
+        # With dockershim gone, a kubeadm docker node's CRI socket is cri-dockerd's: speak CRI to it.
+        return cri_socket, "crictl"
+    if distro == "k3s" and flavour == "containerd":
+        return K3S_SOCKET, "crictl"
+    if distro == "microk8s" and flavour == "containerd":
+        return MICROK8S_SOCKET, "crictl"
+    return settings.sockets.of(flavour), "docker" if flavour == "docker" else "crictl"
+
+
+def configured(flavour: str, settings: ImagePullerSettings, source: str) -> Runtime:
+    socket = settings.sockets.of(flavour)
+    return Runtime(flavour, socket, "docker" if flavour == "docker" else "crictl", source)
+
+
+# --- candidate nodes ---------------------------------------------------------------------------------
+
+
+def _strings(value: Any, where: str) -> list[str]:
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise PodShapeError(f"{where} must be an array of strings")
+    return value
+
+
+def _expression_matches(expr: Any, labels: Mapping[str, str], where: str) -> bool:
+    if not isinstance(expr, dict) or not isinstance(expr.get("key"), str):
+        raise PodShapeError(f"{where} must be an object with a string key")
+    key, op = expr["key"], expr.get("operator")
+    values = _strings(expr.get("values"), f"{where}.values")
+    present = key in labels
+    if op == "In":
+        return present and labels[key] in values
+    if op == "NotIn":
+        return not present or labels[key] not in values
+    if op == "Exists":
+        return present
+    if op == "DoesNotExist":
+        return not present
+    if op in ("Gt", "Lt") and len(values) == 1:
+        try:
+            have, want = int(labels[key]), int(values[0])
+        except (KeyError, ValueError):
+            return False
+        return have > want if op == "Gt" else have < want
+    raise PodShapeError(f"{where}.operator {op!r} is not one of In, NotIn, Exists, DoesNotExist, Gt, Lt")
+
+
+def _term_matches(term: Any, name: str, labels: Mapping[str, str], where: str) -> bool:
+    if not isinstance(term, dict):
+        raise PodShapeError(f"{where} must be an object")
+    expressions = term.get("matchExpressions") or []
+    fields = term.get("matchFields") or []
+    if not isinstance(expressions, list) or not isinstance(fields, list):
+        raise PodShapeError(f"{where}.matchExpressions and matchFields must be arrays")
+    if not expressions and not fields:
+        return False  # an empty term matches no node (core/v1 NodeSelectorTerm)
+    fields_as_labels = {"metadata.name": name}
+    return all(
+        _expression_matches(e, labels, f"{where}.matchExpressions[{i}]") for i, e in enumerate(expressions)
+    ) and all(_expression_matches(f, fields_as_labels, f"{where}.matchFields[{i}]") for i, f in enumerate(fields))
+
+
+def required_terms(spec: dict[str, Any]) -> list[Any] | None:
+    """The pod's required node-affinity terms (ORed), or None when it has none."""
+    affinity = spec.get("affinity")
+    node_affinity = affinity.get("nodeAffinity") if isinstance(affinity, dict) else None
+    required = (
+        node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution") if isinstance(node_affinity, dict) else None
+    )
+    if required is None:
+        return None
+    where = "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+    if not isinstance(required, dict):
+        raise PodShapeError(f"{where} must be an object, not {type_name(required)}")
+    terms = required.get("nodeSelectorTerms")
+    if not isinstance(terms, list):
+        raise PodShapeError(f"{where}.nodeSelectorTerms must be an array")
+    return terms
+
+
+def candidate_nodes(view: PodView, nodes: Mapping[str, NodeFacts]) -> list[str] | None:
+    """The nodes the pod may land on: its nodeName, else those its nodeSelector and required node
+    affinity allow; None when nothing restricts it (every node)."""
+    spec = view.spec
+    node_name = spec.get("nodeName")
+    if isinstance(node_name, str) and node_name:
+        return [node_name]
+    selector = spec.get("nodeSelector")
+    if selector is not None and (
+        not isinstance(selector, dict) or not all(isinstance(v, str) for v in selector.values())
+    ):
+        raise PodShapeError("spec.nodeSelector must be an object of strings")
+    terms = required_terms(spec)
+    if not selector and terms is None:
+        return None
+    where = "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms"
+    chosen = []
+    for name, facts in nodes.items():
+        labels = facts.labels
+        if selector and any(labels.get(k) != v for k, v in selector.items()):
+            continue
+        if terms is not None and not any(_term_matches(t, name, labels, f"{where}[{i}]") for i, t in enumerate(terms)):
+            continue
+        chosen.append(name)
+    return chosen
+
+
+# --- the decision --------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class RuntimeDecision:
+    runtime: Runtime | None = None
+    skip_reason: str | None = None
+    warning: str | None = None
+    pin: str | None = None  # a flavour the pod must be pinned to (heterogeneous: pin)
+
+
+def _describe(counts: Counter[str | None]) -> str:
+    ordered = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0] is None, kv[0] or ""))
+    return ", ".join(f"{k or 'unknown'} on {n}" for k, n in ordered)
+
+
+def decide_runtime(
+    view: PodView, request: RequestFacts, cluster: ClusterFacts, settings: ImagePullerSettings
+) -> RuntimeDecision:
+    if request.runtime is not None:
+        return RuntimeDecision(configured(request.runtime, settings, "query"))
+    if settings.runtime != "auto":
+        return RuntimeDecision(configured(settings.runtime, settings, "imagePuller.runtime"))
+    snapshot = cluster.nodes
+    if cluster.node_state == "none" or snapshot is None:
+        if request.node is not None:
+            source = f"imagePuller.defaultRuntime (node {request.node} unknown without cluster access)"
+        else:
+            source = "imagePuller.defaultRuntime"
+        return RuntimeDecision(configured(settings.default_runtime, settings, source))
+    if cluster.node_state == "unsynced":
+        return RuntimeDecision(
+            skip_reason="cache-unsynced", warning="no image puller: the node cache has not synced yet"
+        )
+
+    names = [request.node] if request.node is not None else candidate_nodes(view, snapshot.nodes)
+    # Every candidate's runtime, counted: (flavour, socket, client) or None for unknown.
+    runtimes: Counter[tuple[str, str, str] | None] = Counter()
+    if names is None:
+        for group, count in snapshot.groups.items():
+            runtimes[(group[0], *socket_of(group, settings)) if group[0] else None] += count
+        source = f"all {sum(runtimes.values())} nodes"
+    else:
+        for name in names:
+            facts = snapshot.nodes.get(name)
+            runtimes[(facts.flavour, *socket_of(facts, settings)) if facts and facts.flavour else None] += 1
+        source = f"node {names[0]}" if len(names) == 1 else f"{len(names)} candidate nodes"
+    if not runtimes:
+        return RuntimeDecision(
+            skip_reason="no-candidate-nodes", warning="no image puller: no node matches the pod's node selection"
+        )
+    if len(runtimes) == 1:
+        (only,) = runtimes
+        if only is None:
+            return RuntimeDecision(
+                skip_reason="unknown-runtime", warning=f"no image puller: the runtime of {source} is unknown"
+            )
+        return RuntimeDecision(Runtime(*only, source))
+    flavours: Counter[str | None] = Counter()
+    for key, count in runtimes.items():
+        flavours[key[0] if key else None] += count
+    what = f"candidate nodes disagree ({_describe(flavours)})"
+    if settings.heterogeneous == "skip":
+        return RuntimeDecision(skip_reason="heterogeneous", warning=f"no image puller: {what}")
+    known = [(count, flavour) for flavour, count in flavours.items() if flavour is not None]
+    if not known:
+        return RuntimeDecision(skip_reason="unknown-runtime", warning=f"no image puller: {what}")
+    best = min(known, key=lambda cf: (-cf[0], cf[1]))[1]  # most nodes; a tie goes to the first by name
+    sockets = {key for key in runtimes if key and key[0] == best}
+    if len(sockets) > 1:
+        return RuntimeDecision(
+            skip_reason="heterogeneous-sockets", warning=f"no image puller: {best} nodes use different sockets"
+        )
+    ((flavour, socket, client),) = sockets
+    return RuntimeDecision(Runtime(flavour, socket, client, f"pinned to {flavour} ({what})"), pin=flavour)
