@@ -61,7 +61,8 @@ def running_server(tls_dir: Path, workdir: Path, *args: str, config: str | None 
         command += ["--config", str(workdir / "config.yaml")]
     command += list(args)
     log = workdir / "server.log"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("COPILOT_WEBHOOK_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COPILOT_WEBHOOK_") and k != "KUBECONFIG"}
+    env["HOME"] = str(workdir)  # no stray ~/.kube/config: cluster access only where a test configures it
     with log.open("wb") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
     server = Server(process, port, workdir, log)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import base64
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -62,3 +64,13 @@ def validate(obj: dict[str, Any]) -> None:
     """The object must be one the API server accepts, for every Kubernetes version we claim."""
     for version in K8S_VERSIONS:
         kubernetes_validate.validate(obj, version, strict=True)
+
+
+def eventually(check: Callable[[], bool], timeout: float = 10) -> bool:
+    """Poll a condition that a background thread or process makes true."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.02)
+    return check()

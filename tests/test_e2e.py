@@ -16,8 +16,9 @@ import pytest
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from certs.authority import generate_ca, generate_files, issue_serving, write_files
+from tests.fake_apiserver import FakeAPIServer, namespace, node
 from tests.server_process import Server, client_context, running_server
-from tests.support import apply, decoded_patch, pod, review, validate
+from tests.support import apply, decoded_patch, eventually, pod, review, validate
 
 CONFIG = "server:\n  maxBodyBytes: 65536\n  deadlineSeconds: 0.5\n"
 
@@ -221,21 +222,12 @@ def test_configuration_reload_without_restart(tls_dir: Path, tmp_path: Path) -> 
         staged = server.workdir / "config.new"
         staged.write_text("ptrace:\n  mode: drop\n")
         staged.replace(config)
-        assert _eventually(lambda: post().json()["response"].get("auditAnnotations", {}).get("ptrace") == "drop")
+        assert eventually(lambda: post().json()["response"].get("auditAnnotations", {}).get("ptrace") == "drop")
         staged.write_text("ptrace:\n  mode: maybe\n")
         staged.replace(config)
-        assert _eventually(lambda: "refused" in server.output())
+        assert eventually(lambda: "refused" in server.output())
         assert post().json()["response"]["auditAnnotations"]["ptrace"] == "drop", "the last good configuration stays"
         assert "ptrace.mode: 'maybe' is not allowed" in server.output()
-
-
-def _eventually(check: object, timeout: float = 8) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():  # type: ignore[operator]
-            return True
-        time.sleep(0.2)
-    return False
 
 
 def test_sigterm_stops_cleanly(tls_dir: Path, tmp_path: Path) -> None:
@@ -245,3 +237,30 @@ def test_sigterm_stops_cleanly(tls_dir: Path, tmp_path: Path) -> None:
     assert process.returncode == -15
     assert "Finished server process" in server.output()
     assert "Traceback" not in server.output()
+
+
+def test_serve_with_cluster_facts(tls_dir: Path, tmp_path: Path, api: FakeAPIServer) -> None:
+    """The real server with cluster access: readiness waits for the caches, answers follow the nodes and
+    namespaces it watches, and /metrics counts nodes by runtime."""
+    api.put_many("/api/v1/nodes", [node("k1", "containerd://1.7.7-k3s1.27"), node("k2", "containerd://1.7.7-k3s1.27")])
+    api.put_many(
+        "/api/v1/namespaces",
+        [namespace("flytesnacks-development"), namespace("opted-out", {"copilot-webhook.io/inject": "disabled"})],
+    )
+    config = f"cluster:\n  enabled: true\n  kubeconfig: {api.kubeconfig(tmp_path / 'kubeconfig')}\n"
+    with running_server(tls_dir, tmp_path / "srv", config=config) as server, server.client() as client:
+        assert eventually(lambda: client.get("/readyz").status_code == 200)
+        res = client.post("/mutate", content=_review_bytes(), headers={"content-type": "application/json"})
+        answer = res.json()["response"]
+        assert answer["auditAnnotations"]["image-puller"] == "containerd:/run/k3s/containerd/containerd.sock"
+        opted_out = pod("flyte-1.15-bare.yaml")
+        opted_out["metadata"]["namespace"] = "opted-out"
+        res = client.post(
+            "/mutate", content=orjson.dumps(review(opted_out)), headers={"content-type": "application/json"}
+        )
+        assert res.json()["response"] == {"uid": "a1b2c3", "allowed": True}
+        api.put("/api/v1/nodes", node("d1", "docker://24.0.7"))
+        assert eventually(lambda: 'copilot_webhook_nodes{runtime="docker"} 1.0' in client.get("/metrics").text)
+        res = client.post("/mutate", content=_review_bytes(), headers={"content-type": "application/json"})
+        warnings = res.json()["response"]["warnings"]
+        assert any("candidate nodes disagree (containerd on 2, docker on 1)" in w for w in warnings)

@@ -57,6 +57,10 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("--output", "-o", choices=OUTPUTS, default="json")
     show.add_argument("--config", help="YAML configuration file")
 
+    label = commands.add_parser("label-nodes", help="set imagePuller.runtimeLabel on every node from its runtime")
+    label.add_argument("--dry-run", action="store_true", help="print the changes, change nothing")
+    label.add_argument("--config", help="YAML configuration file")
+
     config = commands.add_parser("config", help="configuration")
     config_commands = config.add_subparsers(dest="config_command", required=True, metavar="COMMAND")
     config_show = config_commands.add_parser("show", help="print the effective configuration")
@@ -107,6 +111,42 @@ def _preview(args: argparse.Namespace, settings: Settings) -> int:
     return EXIT_OK
 
 
+def _label_nodes(args: argparse.Namespace, settings: Settings) -> int:
+    from kubernetes import client
+
+    from webhook.cluster.access import ClusterAccessError, api_client
+    from webhook.cluster.labeller import apply_changes, label_changes
+    from webhook.cluster.nodes import NodeCache
+
+    try:
+        api = api_client(settings.cluster)
+    except ClusterAccessError as exc:
+        print(f"copilot-webhook: label-nodes: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    if api is None:
+        print("copilot-webhook: label-nodes: no cluster access (no service account, no kubeconfig)", file=sys.stderr)
+        return EXIT_FAILURE
+    core = client.CoreV1Api(api)
+    nodes = NodeCache(core.list_node)
+    try:
+        nodes.informer.list_once()
+    except Exception as exc:
+        print(f"copilot-webhook: label-nodes: cannot list nodes: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    label = settings.image_puller.runtime_label
+    changes = label_changes(nodes.informer.items, label)
+    for change in changes:
+        wanted = change.wanted or "(removed: unknown runtime)"
+        print(f"{change.node}: {label}: {change.current or '(none)'} -> {wanted}")
+    print(f"{len(changes)} of {len(nodes.informer.items)} node(s) to change{' (dry run)' if args.dry_run else ''}")
+    if args.dry_run:
+        return EXIT_OK
+    errors = apply_changes(core.patch_node, label, changes)
+    for error in errors:
+        print(f"copilot-webhook: label-nodes: {error}", file=sys.stderr)
+    return EXIT_FAILURE if errors else EXIT_OK
+
+
 def _certs(args: argparse.Namespace) -> int:
     from certs.authority import generate_files
 
@@ -138,6 +178,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_OK
     if args.command == "preview":
         return _preview(args, settings)
+    if args.command == "label-nodes":
+        return _label_nodes(args, settings)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from webhook.serve import serve
 

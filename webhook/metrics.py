@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
 
 from webhook.mutation.plan import Plan
 
@@ -27,6 +30,19 @@ class _Children:
         if child is None:
             child = self._children[labels] = self._metric.labels(*labels)
         return child
+
+
+class _NodeCollector(Collector):
+    def __init__(self, counts: Callable[[], Mapping[str, int]]) -> None:
+        self._counts = counts
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(
+            "copilot_webhook_nodes", "Nodes in the cache by detected container runtime.", labels=["runtime"]
+        )
+        for runtime, count in sorted(self._counts().items()):
+            family.add_metric([runtime], count)
+        yield family
 
 
 class Metrics:
@@ -84,6 +100,10 @@ class Metrics:
         self.request = _Children(self.requests)
         self.mutation = _Children(self.mutations)
         self.skip = _Children(self.skips)
+
+    def watch_nodes(self, counts: Callable[[], Mapping[str, int]]) -> None:
+        """copilot_webhook_nodes{runtime}: nodes in the cache by detected runtime, read at scrape time."""
+        self.registry.register(_NodeCollector(counts))
 
     def count_plan(self, plan: Plan, failure_policy: str) -> None:
         if plan.undecided is not None:

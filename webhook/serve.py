@@ -13,9 +13,11 @@ from typing import Any
 
 import uvicorn
 
+from webhook.cluster.access import ClusterAccessError, ClusterView, api_client
 from webhook.config import ConfigError, Settings, load_settings
 from webhook.metrics import Metrics
-from webhook.server import WebhookApp
+from webhook.review import NamespaceFacts, no_cluster
+from webhook.server import Readiness, WebhookApp
 from webhook.tls import ReloadingTLS, TLSFiles, file_stamp
 
 log = logging.getLogger(__name__)
@@ -84,8 +86,23 @@ def serve(settings: Settings, config_file: str | None, overrides: Mapping[str, A
     except (OSError, ssl.SSLError, ValueError) as exc:
         log.error("cannot load the TLS certificate %s and key %s: %s", files.cert, files.key, exc)
         return 1
+    try:
+        api = api_client(settings.cluster)
+    except ClusterAccessError as exc:
+        log.error("%s", exc)
+        return 1
     metrics = Metrics()
-    app = WebhookApp(settings, metrics, readiness=[tls.readiness])
+    readiness: list[Readiness] = [tls.readiness]
+    namespaces: NamespaceFacts = no_cluster
+    view = None
+    if api is not None:
+        label = settings.image_puller.runtime_label if settings.image_puller.labeller else None
+        view = ClusterView(api, label=label)
+        view.start()  # the caches fill in the background; requests never wait for them
+        readiness.append(view.readiness)
+        namespaces = view
+        metrics.watch_nodes(view.nodes.by_runtime)
+    app = WebhookApp(settings, metrics, namespaces=namespaces, readiness=readiness)
     config = uvicorn.Config(
         app,
         host=server_settings.host,
@@ -107,5 +124,9 @@ def serve(settings: Settings, config_file: str | None, overrides: Mapping[str, A
         settings.mode,
         settings.ptrace.mode,
     )
-    server.run()
+    try:
+        server.run()
+    finally:
+        if view is not None:
+            view.stop()
     return 0

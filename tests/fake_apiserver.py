@@ -1,0 +1,328 @@
+"""A small HTTP server that speaks the Kubernetes list and watch protocol for nodes and namespaces, for
+the real `kubernetes` client to talk to: paged lists with `continue` tokens and a list resourceVersion,
+chunked watch streams of ADDED/MODIFIED/DELETED/BOOKMARK events, `410 Gone` for a compacted version,
+dropped connections, malformed events, and merge-patches of node labels (for the labeller)."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+RESOURCES = {"/api/v1/nodes": ("Node", "NodeList"), "/api/v1/namespaces": ("Namespace", "NamespaceList")}
+
+
+class FakeAPIServer:
+    def __init__(self) -> None:
+        self.objects: dict[str, dict[str, dict[str, Any]]] = {path: {} for path in RESOURCES}
+        self.events: list[tuple[int, str, str, dict[str, Any] | bytes]] = []  # (rv, path, type, object)
+        self.rv = 100
+        self.compacted = 0  # versions at or below this are gone
+        self.cond = threading.Condition()
+        self.requests: list[str] = []
+        self.generation = 0  # bumped to drop every open watch
+        self.fail_lists = 0  # answer this many list requests with 500 first
+        self.patches: list[tuple[str, dict[str, Any]]] = []
+        self.expire_next_continue = False  # answer the next continued list with 410, as after etcd compaction
+        self.snapshots: dict[str, list[dict[str, Any]]] = {}
+        self.encoded: dict[str, dict[str, bytes]] = {path: {} for path in RESOURCES}
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    # --- lifecycle and kubeconfig -------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def start(self) -> FakeAPIServer:
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.drop_watches()
+        self.server.shutdown()
+        self.server.server_close()
+
+    def kubeconfig(self, path: Path) -> Path:
+        path.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
+                    "users": [{"name": "fake", "user": {"token": "test-token"}}],
+                    "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}],
+                    "current-context": "fake",
+                }
+            )
+        )
+        return path
+
+    # --- state changes, each recorded as a watch event -----------------------------------------------
+    def _record(self, path: str, kind: str, obj: dict[str, Any] | bytes) -> None:
+        self.rv += 1
+        if isinstance(obj, dict):
+            obj = copy.deepcopy(obj)
+            obj.setdefault("metadata", {})["resourceVersion"] = str(self.rv)
+            name = obj["metadata"]["name"]
+            if kind == "DELETED":
+                self.objects[path].pop(name, None)
+                self.encoded[path].pop(name, None)
+            else:
+                self.objects[path][name] = obj
+                self.encoded[path][name] = json.dumps(obj).encode()
+        self.events.append((self.rv, path, kind, obj))
+        self.cond.notify_all()
+
+    def put(self, path: str, obj: dict[str, Any]) -> None:
+        with self.cond:
+            exists = obj["metadata"]["name"] in self.objects[path]
+            self._record(path, "MODIFIED" if exists else "ADDED", obj)
+
+    def delete(self, path: str, name: str) -> None:
+        with self.cond:
+            self._record(path, "DELETED", self.objects[path][name])
+
+    def put_many(self, path: str, objs: list[dict[str, Any]]) -> None:
+        """Objects present before anyone lists: no events (a compacted history)."""
+        with self.cond:
+            for obj in objs:
+                self.rv += 1
+                obj.setdefault("metadata", {})["resourceVersion"] = str(self.rv)
+                self.objects[path][obj["metadata"]["name"]] = obj
+                self.encoded[path][obj["metadata"]["name"]] = json.dumps(obj).encode()
+            self.compacted = self.rv
+
+    def malformed(self, path: str, raw: bytes) -> None:
+        with self.cond:
+            self._record(path, "RAW", raw)
+
+    def bookmark(self, path: str) -> None:
+        with self.cond:
+            self.rv += 1
+            self.events.append(
+                (self.rv, path, "BOOKMARK", {"kind": RESOURCES[path][0], "metadata": {"resourceVersion": str(self.rv)}})
+            )
+            self.cond.notify_all()
+
+    def compact(self) -> None:
+        """Forget history: a watch from an older version gets 410 Gone."""
+        with self.cond:
+            self.compacted = self.rv
+
+    def drop_watches(self) -> None:
+        with self.cond:
+            self.generation += 1
+            self.cond.notify_all()
+
+    def count(self, needle: str) -> int:
+        return sum(needle in r for r in self.requests)
+
+    # --- HTTP --------------------------------------------------------------------------------------------
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        api = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _json(self, status: int, body: Any) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:
+                url = urlparse(self.path)
+                api.requests.append(self.path)
+                query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+                if url.path not in RESOURCES:
+                    self._json(404, {"kind": "Status", "code": 404})
+                    return
+                if query.get("watch") in ("true", "1"):
+                    self._watch(url.path, query)
+                else:
+                    self._list(url.path, query)
+
+            def _list(self, path: str, query: dict[str, str]) -> None:
+                with api.cond:
+                    if api.fail_lists > 0:
+                        api.fail_lists -= 1
+                        self._json(500, {"kind": "Status", "code": 500, "message": "etcd is having a bad day"})
+                        return
+                    token = query.get("continue")
+                    if token:
+                        rv, offset = json.loads(base64.b64decode(token))
+                        if api.expire_next_continue:
+                            api.expire_next_continue = False
+                            self._json(
+                                410, {"kind": "Status", "code": 410, "reason": "Expired", "message": "continue expired"}
+                            )
+                            return
+                        items = api.snapshots[path]
+                    else:
+                        rv, offset = api.rv, 0
+                        items = [o for _, o in sorted(api.objects[path].items())]
+                        api.snapshots[path] = items
+                    limit = int(query.get("limit") or 0) or len(items)
+                    page = items[offset : offset + limit]
+                    meta: dict[str, Any] = {"resourceVersion": str(rv)}
+                    if offset + limit < len(items):
+                        meta["continue"] = base64.b64encode(json.dumps([rv, offset + limit]).encode()).decode()
+                _kind, list_kind = RESOURCES[path]
+                # Objects are serialised once, when stored: a 5,000-node list must not be bound by this server.
+                head = json.dumps({"kind": list_kind, "apiVersion": "v1", "metadata": meta}).encode()[:-1]
+                data = (
+                    head + b', "items": [' + b",".join(api.encoded[path][o["metadata"]["name"]] for o in page) + b"]}"
+                )
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _watch(self, path: str, query: dict[str, str]) -> None:
+                since = int(query.get("resourceVersion") or 0)
+                timeout = float(query.get("timeoutSeconds") or 30)
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                deadline = time.monotonic() + timeout
+                with api.cond:
+                    generation = api.generation
+                    if since < api.compacted:
+                        status = {
+                            "kind": "Status",
+                            "code": 410,
+                            "reason": "Expired",
+                            "message": "too old resource version",
+                        }
+                        self._chunk(json.dumps({"type": "ERROR", "object": status}).encode() + b"\n")
+                        self._end()
+                        return
+                    sent = since
+                    while api.generation == generation and time.monotonic() < deadline:
+                        for rv, p, kind, obj in api.events:
+                            if rv <= sent or p != path:
+                                continue
+                            sent = rv
+                            if kind == "RAW":
+                                line = obj if isinstance(obj, bytes) else b""
+                            else:
+                                line = json.dumps({"type": kind, "object": obj}).encode()
+                            self._chunk(line + b"\n")
+                        sent = max(sent, api.rv)
+                        api.cond.wait(timeout=0.1)
+                    dropped = api.generation != generation
+                if dropped:
+                    self.close_connection = True
+                    self.connection.close()  # mid-stream, without the closing chunk: a dropped connection
+                    return
+                self._end()
+
+            def _chunk(self, data: bytes) -> None:
+                try:
+                    self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+                    self.wfile.flush()
+                except OSError:
+                    pass
+
+            def _end(self) -> None:
+                try:
+                    self.wfile.write(b"0\r\n\r\n")
+                    self.wfile.flush()
+                except OSError:
+                    pass
+
+            def do_PATCH(self) -> None:
+                url = urlparse(self.path)
+                api.requests.append("PATCH " + self.path)
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                name = url.path.rsplit("/", 1)[-1]
+                path = url.path.rsplit("/", 1)[0]
+                with api.cond:
+                    if path not in RESOURCES or name not in api.objects[path]:
+                        self._json(404, {"kind": "Status", "code": 404})
+                        return
+                    obj = copy.deepcopy(api.objects[path][name])
+                    labels = obj["metadata"].setdefault("labels", {})
+                    for key, value in body.get("metadata", {}).get("labels", {}).items():
+                        if value is None:
+                            labels.pop(key, None)
+                        else:
+                            labels[key] = value
+                    api.patches.append((name, body))
+                    api._record(path, "MODIFIED", obj)
+                    result = api.objects[path][name]
+                self._json(200, result)
+
+        return Handler
+
+
+def node(name: str, runtime: str = "containerd://1.7.11", labels: dict[str, str] | None = None,
+         annotations: dict[str, str] | None = None, images: int = 50) -> dict[str, Any]:  # fmt: skip
+    """A realistic Node: the image list, conditions, addresses and capacity a kubelet reports."""
+    conditions = [
+        {"type": t, "status": "False" if t != "Ready" else "True", "lastHeartbeatTime": "2026-11-30T03:00:00Z",
+         "lastTransitionTime": "2026-11-01T00:00:00Z", "reason": f"Kubelet{t}", "message": f"kubelet reports {t}"}
+        for t in ("MemoryPressure", "DiskPressure", "PIDPressure", "Ready")
+    ]  # fmt: skip
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "uid": f"uid-{name}",
+            "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", **(labels or {})},
+            "annotations": {"node.alpha.kubernetes.io/ttl": "0", **(annotations or {})},
+        },
+        "spec": {"podCIDR": "10.244.1.0/24", "providerID": f"aws:///eu-west-1a/i-{name}"},
+        "status": {
+            "capacity": {"cpu": "8", "memory": "32Gi", "pods": "110"},
+            "allocatable": {"cpu": "7910m", "memory": "31Gi", "pods": "110"},
+            "conditions": conditions,
+            "addresses": [{"type": "InternalIP", "address": "10.0.0.1"}, {"type": "Hostname", "address": name}],
+            "nodeInfo": {
+                "machineID": "m" * 32,
+                "systemUUID": "u" * 36,
+                "bootID": "b" * 36,
+                "kernelVersion": "6.1.0",
+                "osImage": "Debian GNU/Linux 12",
+                "containerRuntimeVersion": runtime,
+                "kubeletVersion": "v1.30.2",
+                "kubeProxyVersion": "v1.30.2",
+                "operatingSystem": "linux",
+                "architecture": "amd64",
+            },
+            "images": [
+                {
+                    "names": [
+                        f"registry.example.com/team-{i % 7}/service-{i}@sha256:{i:064x}",
+                        f"registry.example.com/team-{i % 7}/service-{i}:v1.{i}.0",
+                    ],
+                    "sizeBytes": 123456789 + i,
+                }
+                for i in range(images)
+            ],
+        },
+    }
+
+
+def namespace(name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": name, "labels": {"kubernetes.io/metadata.name": name, **(labels or {})}},
+    }

@@ -1,0 +1,180 @@
+"""The node and namespace caches, driven by the real `kubernetes` client against a server that speaks
+the list and watch protocol (tests/fake_apiserver.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.fake_apiserver import FakeAPIServer, namespace, node
+from tests.support import eventually
+from webhook.cluster.access import ClusterAccessError, ClusterView, api_client
+from webhook.cluster.nodes import project_node
+from webhook.config import ClusterSettings
+
+NODES, NAMESPACES = "/api/v1/nodes", "/api/v1/namespaces"
+
+
+def _view(api: FakeAPIServer, tmp_path: Path, **options: object) -> ClusterView:
+    client = api_client(ClusterSettings(kubeconfig=str(api.kubeconfig(tmp_path / "kubeconfig"))))
+    assert client is not None
+    options = {"watch_seconds": 2, "backoff": (0.05, 0.2), **options}
+    return ClusterView(client, **options)
+
+
+@pytest.fixture
+def view(api: FakeAPIServer, tmp_path: Path) -> Iterator[ClusterView]:
+    cluster = _view(api, tmp_path, page_size=50)
+    yield cluster
+    cluster.stop()
+
+
+def _runtimes(view: ClusterView) -> dict[str, int]:
+    return view.nodes.by_runtime()
+
+
+def test_paged_list_projects_every_node_and_then_reports_ready(api: FakeAPIServer, view: ClusterView) -> None:
+    api.put_many(NODES, [node(f"n{i:03d}") for i in range(120)])
+    api.put_many(NODES, [node("k3s-1", "containerd://1.7.7-k3s1.27"), node("old", "docker://24.0.7")])
+    api.put_many(NAMESPACES, [namespace("flyte", {"pod-security.kubernetes.io/enforce": "baseline", "team": "ml"})])
+    assert view.readiness() == "node and namespace cache not synced yet"
+    assert view("flyte").node_state == "unsynced"
+    view.start()
+    assert view.nodes.informer.wait_synced(10)
+    assert eventually(lambda: view.readiness() is None)
+    assert _runtimes(view) == {"containerd": 121, "docker": 1}
+    assert api.count("/api/v1/nodes?limit=50") == 1
+    assert api.count("continue=") == 2  # 122 nodes in pages of 50
+    facts = view.nodes.snapshot.nodes["k3s-1"]
+    assert (facts.flavour, facts.distro) == ("containerd", "k3s")
+    cluster = view("flyte")
+    assert cluster.node_state == "synced"
+    assert cluster.namespace_labels == {"pod-security.kubernetes.io/enforce": "baseline"}  # nothing else kept
+
+
+def test_watch_events_bookmarks_and_resume(api: FakeAPIServer, view: ClusterView) -> None:
+    api.put_many(NODES, [node("a"), node("b")])
+    view.start()
+    assert view.nodes.informer.wait_synced(10)
+    api.put(NODES, node("c", "cri-o://1.28.0"))
+    api.put(NODES, node("a", "docker://24.0.7"))
+    api.delete(NODES, "b")
+    assert eventually(lambda: _runtimes(view) == {"cri-o": 1, "docker": 1})
+    api.bookmark(NODES)
+    bookmark = str(api.rv)
+    assert eventually(lambda: view.nodes.informer.resource_version == bookmark)
+    # The next watch (after the 2 s timeout) resumes from the bookmark, without relisting.
+    assert eventually(lambda: api.count(f"nodes?allowWatchBookmarks=true&resourceVersion={bookmark}") >= 1, 6)
+    assert view.nodes.informer.relists == 0
+    assert api.count("/api/v1/nodes?limit=") == 1
+
+
+def test_a_dropped_connection_resumes_without_losing_events(api: FakeAPIServer, view: ClusterView) -> None:
+    api.put_many(NODES, [node("a")])
+    view.start()
+    assert view.nodes.informer.wait_synced(10)
+    api.drop_watches()
+    api.put(NODES, node("during-the-gap", "docker://24.0.7"))
+    assert eventually(lambda: "during-the-gap" in view.nodes.snapshot.nodes)
+    assert view.nodes.informer.relists == 0
+
+
+def test_gone_relists_and_catches_up(api: FakeAPIServer, view: ClusterView) -> None:
+    api.put_many(NODES, [node("a"), node("b")])
+    view.start()
+    assert view.nodes.informer.wait_synced(10)
+    with api.cond:
+        api.objects[NODES].pop("b")  # changes the watch never delivers: history is compacted past them
+        api.encoded[NODES].pop("b")
+        api.rv += 5
+    api.compact()
+    api.drop_watches()
+    assert eventually(lambda: view.nodes.informer.relists >= 1)
+    assert eventually(lambda: set(view.nodes.snapshot.nodes) == {"a"})
+    assert api.count("/api/v1/nodes?limit=") == 2
+
+
+def test_an_expired_continue_token_restarts_the_list(api: FakeAPIServer, tmp_path: Path) -> None:
+    api.put_many(NODES, [node(f"n{i}") for i in range(30)])
+    api.expire_next_continue = True
+    cluster = _view(api, tmp_path, page_size=10)
+    try:
+        cluster.start()
+        assert cluster.nodes.informer.wait_synced(10)
+        assert len(cluster.nodes.snapshot.nodes) == 30
+        assert api.count("/api/v1/nodes?limit=10") == 2  # the first attempt hit 410 on page 2
+    finally:
+        cluster.stop()
+
+
+def test_failing_lists_back_off_then_sync(api: FakeAPIServer, view: ClusterView) -> None:
+    api.put_many(NODES, [node("a")])
+    api.fail_lists = 3
+    view.start()
+    assert view.nodes.informer.wait_synced(10)
+    assert api.count("limit=") >= 4
+
+
+def test_malformed_events_are_skipped_without_losing_the_cache(api: FakeAPIServer, view: ClusterView) -> None:
+    api.put_many(NODES, [node("a"), node("b")])
+    view.start()
+    assert view.nodes.informer.wait_synced(10)
+    api.malformed(NODES, b"{not json")
+    api.malformed(NODES, b'{"type": "ADDED"}')
+    api.malformed(NODES, b'{"type": "ADDED", "object": {"metadata": {}}}')
+    api.malformed(NODES, b'{"type": "SURPRISE", "object": {"metadata": {"name": "x"}}}')
+    api.put(NODES, node("c", "docker://24.0.7"))
+    assert eventually(lambda: _runtimes(view) == {"containerd": 2, "docker": 1})
+    assert view.nodes.informer.skipped_events == 4
+    assert view.nodes.informer.relists == 0
+
+
+def test_status_only_updates_publish_nothing_new(api: FakeAPIServer, view: ClusterView) -> None:
+    api.put_many(NODES, [node("a")])
+    view.start()
+    assert view.nodes.informer.wait_synced(10)
+    before = view.nodes.snapshot
+    heartbeat = node("a", images=3)
+    heartbeat["status"]["conditions"][0]["lastHeartbeatTime"] = "2026-11-30T04:00:00Z"
+    api.put(NODES, heartbeat)
+    api.put(NODES, node("marker", "docker://24.0.7"))
+    assert eventually(lambda: "marker" in view.nodes.snapshot.nodes)
+    assert view.nodes.snapshot.nodes["a"] is before.nodes["a"], "an unchanged projection is not replaced"
+
+
+@pytest.mark.parametrize(
+    ("runtime", "flavour"),
+    [
+        ("containerd://1.7.11", "containerd"),
+        ("docker://24.0.7", "docker"),
+        ("cri-o://1.28.0", "cri-o"),
+        ("containerd://1.7.7-k3s1.27", "containerd"),
+        ("", None),
+        ("Unknown", None),
+        ("rkt://1.0", None),
+        (None, None),
+    ],
+)
+def test_unknown_runtimes_are_not_guessed(runtime: str | None, flavour: str | None) -> None:
+    obj = node("x", "")
+    obj["status"]["nodeInfo"]["containerRuntimeVersion"] = runtime
+    assert project_node(obj).flavour == flavour
+
+
+def test_node_projection_keeps_only_what_the_rules_read() -> None:
+    obj = node("x", annotations={"kubeadm.alpha.kubernetes.io/cri-socket": "unix:///run/crio/crio.sock", "other": "y"})
+    facts = project_node(obj)
+    assert facts.cri_socket == "/run/crio/crio.sock"
+    assert facts.labels == {"kubernetes.io/hostname": "x", "kubernetes.io/os": "linux"}
+
+
+def test_cluster_access_modes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "none"))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert api_client(ClusterSettings(enabled="false")) is None
+    assert api_client(ClusterSettings(enabled="auto")) is None
+    with pytest.raises(ClusterAccessError, match="no service account and no kubeconfig"):
+        api_client(ClusterSettings(enabled="true"))
