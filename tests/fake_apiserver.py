@@ -15,6 +15,20 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
+
+def write_kubeconfig(path: Path, url: str) -> Path:
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "fake", "cluster": {"server": url}}],
+        "users": [{"name": "fake", "user": {"token": "test-token"}}],
+        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}],
+        "current-context": "fake",
+    }
+    path.write_text(json.dumps(config))
+    return path
+
+
 RESOURCES = {"/api/v1/nodes": ("Node", "NodeList"), "/api/v1/namespaces": ("Namespace", "NamespaceList")}
 
 
@@ -51,19 +65,7 @@ class FakeAPIServer:
         self.server.server_close()
 
     def kubeconfig(self, path: Path) -> Path:
-        path.write_text(
-            json.dumps(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Config",
-                    "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
-                    "users": [{"name": "fake", "user": {"token": "test-token"}}],
-                    "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}],
-                    "current-context": "fake",
-                }
-            )
-        )
-        return path
+        return write_kubeconfig(path, self.url)
 
     # --- state changes, each recorded as a watch event -----------------------------------------------
     def _record(self, path: str, kind: str, obj: dict[str, Any] | bytes) -> None:

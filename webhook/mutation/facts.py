@@ -44,13 +44,18 @@ class NodeSnapshot(NamedTuple):
 
     nodes: Mapping[str, NodeFacts]
     groups: Mapping[tuple[str | None, str | None, str | None], int]
+    by_label: Mapping[tuple[str, str], frozenset[str]]  # (key, value) -> names, for node selectors
 
 
 def node_snapshot(nodes: Mapping[str, NodeFacts]) -> NodeSnapshot:
     groups: dict[tuple[str | None, str | None, str | None], int] = {}
-    for facts in nodes.values():
+    by_label: dict[tuple[str, str], set[str]] = {}
+    for name, facts in nodes.items():
         groups[facts.group] = groups.get(facts.group, 0) + 1
-    return NodeSnapshot(MappingProxyType(dict(nodes)), MappingProxyType(groups))
+        for pair in facts.labels.items():
+            by_label.setdefault(pair, set()).add(name)
+    frozen = {pair: frozenset(names) for pair, names in by_label.items()}
+    return NodeSnapshot(MappingProxyType(dict(nodes)), MappingProxyType(groups), MappingProxyType(frozen))
 
 
 class ClusterFacts(NamedTuple):

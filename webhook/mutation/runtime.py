@@ -8,12 +8,12 @@ is containerd); anything else, an empty value or `Unknown`, is not guessed. The 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from webhook.config import FLAVOURS, ImagePullerSettings
-from webhook.mutation.facts import ClusterFacts, NodeFacts, RequestFacts
+from webhook.mutation.facts import ClusterFacts, NodeFacts, NodeSnapshot, RequestFacts
 from webhook.mutation.pod import PodShapeError, PodView, type_name
 
 CRI_SOCKET_ANNOTATION = "kubeadm.alpha.kubernetes.io/cri-socket"
@@ -138,7 +138,23 @@ def required_terms(spec: dict[str, Any]) -> list[Any] | None:
     return terms
 
 
-def candidate_nodes(view: PodView, nodes: Mapping[str, NodeFacts]) -> list[str] | None:
+def _indexed(snapshot: NodeSnapshot, selector: Mapping[str, str] | None, terms: list[Any] | None) -> Iterable[str]:
+    """A superset of the candidates from the label index, so a request does not walk thousands of nodes:
+    the nodes carrying every nodeSelector pair, or, with one required term, its first `In` values."""
+    if selector:
+        sets = [snapshot.by_label.get((k, v), frozenset()) for k, v in selector.items()]
+        return sorted(frozenset.intersection(*sets))
+    if terms is not None and len(terms) == 1 and isinstance(terms[0], dict):
+        for expr in terms[0].get("matchExpressions") or ():
+            if isinstance(expr, dict) and expr.get("operator") == "In" and isinstance(expr.get("values"), list):
+                found: set[str] = set()
+                for value in expr["values"]:
+                    found |= snapshot.by_label.get((str(expr.get("key")), str(value)), frozenset())
+                return sorted(found)
+    return snapshot.nodes
+
+
+def candidate_nodes(view: PodView, snapshot: NodeSnapshot) -> list[str] | None:
     """The nodes the pod may land on: its nodeName, else those its nodeSelector and required node
     affinity allow; None when nothing restricts it (every node)."""
     spec = view.spec
@@ -154,9 +170,12 @@ def candidate_nodes(view: PodView, nodes: Mapping[str, NodeFacts]) -> list[str] 
     if not selector and terms is None:
         return None
     where = "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms"
+    if selector and terms is None:
+        return list(_indexed(snapshot, selector, None))  # the index answers a nodeSelector exactly
     chosen = []
-    for name, facts in nodes.items():
-        labels = facts.labels
+    nodes = snapshot.nodes
+    for name in _indexed(snapshot, selector, terms):
+        labels = nodes[name].labels
         if selector and any(labels.get(k) != v for k, v in selector.items()):
             continue
         if terms is not None and not any(_term_matches(t, name, labels, f"{where}[{i}]") for i, t in enumerate(terms)):
@@ -200,18 +219,19 @@ def decide_runtime(
             skip_reason="cache-unsynced", warning="no image puller: the node cache has not synced yet"
         )
 
-    names = [request.node] if request.node is not None else candidate_nodes(view, snapshot.nodes)
+    names = [request.node] if request.node is not None else candidate_nodes(view, snapshot)
     # Every candidate's runtime, counted: (flavour, socket, client) or None for unknown.
-    runtimes: Counter[tuple[str, str, str] | None] = Counter()
+    groups: Counter[tuple[str | None, str | None, str | None] | None]
     if names is None:
-        for group, count in snapshot.groups.items():
-            runtimes[(group[0], *socket_of(group, settings)) if group[0] else None] += count
-        source = f"all {sum(runtimes.values())} nodes"
+        groups = Counter(snapshot.groups)
+        source = f"all {sum(groups.values())} nodes"
     else:
-        for name in names:
-            facts = snapshot.nodes.get(name)
-            runtimes[(facts.flavour, *socket_of(facts, settings)) if facts and facts.flavour else None] += 1
+        nodes = snapshot.nodes
+        groups = Counter(nodes[n].group if n in nodes else None for n in names)
         source = f"node {names[0]}" if len(names) == 1 else f"{len(names)} candidate nodes"
+    runtimes: Counter[tuple[str, str, str] | None] = Counter()
+    for group, count in groups.items():
+        runtimes[(group[0], *socket_of(group, settings)) if group and group[0] else None] += count
     if not runtimes:
         return RuntimeDecision(
             skip_reason="no-candidate-nodes", warning="no image puller: no node matches the pod's node selection"
