@@ -117,7 +117,8 @@ def main() -> None:
           "warning"], naive, None),
     ]  # fmt: skip
     targets = {
-        "copilot-webhook POST /mutate": (f"https://127.0.0.1:{ours}/mutate", lua),
+        "copilot-webhook POST /mutate/ptrace (the anchors' work)": (f"https://127.0.0.1:{ours}/mutate/ptrace", lua),
+        "copilot-webhook POST /mutate (ptrace and image puller)": (f"https://127.0.0.1:{ours}/mutate", lua),
         "copilot-webhook GET /healthz (no-op, same server)": (f"https://127.0.0.1:{ours}/healthz", None),
         "go-floor POST /mutate": (f"https://127.0.0.1:{go_port}/mutate", lua),
         "py-naive POST /mutate": (f"https://127.0.0.1:{naive}/mutate", lua),
@@ -135,7 +136,7 @@ def main() -> None:
     def med(name: str, key: str) -> float:
         return statistics.median(r[key] for r in results[name])
 
-    ref = "copilot-webhook POST /mutate"
+    ref = "copilot-webhook POST /mutate/ptrace (the anchors' work)"
     print(f"wrk -t1 -c{args.connections}, {args.seconds} s per target, {args.rounds} rounds; medians over rounds")
     print()
     print("| target | req/s | p50 ms | p99 ms | non-2xx | ours ÷ target (req/s) |")

@@ -77,13 +77,16 @@ PULLER_IMAGE = "ghcr.io/copilot-webhook/image-puller:0.1.0"
 _QUANTITY = re.compile(r"^[+]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+|[numkKMGTPE]|[KMGTPE]i)?$")
 
 
+_FIELD_OF_FLAVOUR = {"docker": "docker", "containerd": "containerd", "cri-o": "cri_o"}
+
+
 class _PerFlavour(_Section):
     docker: str
     containerd: str
     cri_o: str = Field(alias="cri-o")
 
     def of(self, flavour: str) -> str:
-        return {"docker": self.docker, "containerd": self.containerd, "cri-o": self.cri_o}[flavour]
+        return getattr(self, _FIELD_OF_FLAVOUR[flavour])  # type: ignore[no-any-return]
 
 
 class PullerImages(_PerFlavour):

@@ -14,15 +14,17 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any
+from typing import Any, TypeVar
 
-from webhook.config import ImagePullerSettings
+from webhook.config import FLAVOURS, ImagePullerSettings, PullerImages
 from webhook.mutation.copilot import Undecidable
 from webhook.mutation.facts import Facts
 from webhook.mutation.pod import PodShapeError, PodView
 from webhook.mutation.pointer import Operation, add, join
 from webhook.mutation.runtime import Runtime, decide_runtime, required_terms
 
+S = TypeVar("S")
+R = TypeVar("R")
 PULLER_NAME = "copilot-webhook-image-puller"
 VOLUME_NAME = "copilot-webhook-runtime-socket"
 PULLER_COMMAND = "copilot-webhook-pull"
@@ -35,11 +37,32 @@ def _matcher(patterns: tuple[str, ...]) -> Callable[[str], re.Match[str] | None]
     return re.compile("|".join(f"(?:{fnmatch.translate(p)})" for p in patterns)).match
 
 
+def _per_settings(fn: Callable[[S], R]) -> Callable[[S], R]:
+    """Cache a value derived from a settings object by the object's identity: settings are immutable
+    and replaced whole on reload, and hashing a pydantic model costs more than building the value."""
+    cache: dict[int, tuple[S, R]] = {}
+
+    def cached(settings: S) -> R:
+        hit = cache.get(id(settings))
+        if hit is None or hit[0] is not settings:
+            if len(cache) > 16:
+                cache.clear()
+            hit = cache[id(settings)] = (settings, fn(settings))
+        return hit[1]
+
+    return cached
+
+
+@_per_settings
+def _own_images(images: PullerImages) -> frozenset[str]:
+    return frozenset(images.of(f) for f in FLAVOURS)
+
+
 def select_images(view: PodView, settings: ImagePullerSettings) -> list[str]:
     """Images of the pod's containers and init containers that match `images` and not `exclude`, without
     the puller's own, de-duplicated in order."""
     wanted, unwanted = _matcher(settings.images), _matcher(settings.exclude)
-    own = {settings.puller_images.of(f) for f in ("docker", "containerd", "cri-o")}
+    own = _own_images(settings.puller_images)
     chosen: list[str] = []
     for c in view.containers:
         if c.field == "ephemeralContainers" or c.name == PULLER_NAME:
@@ -53,6 +76,25 @@ def select_images(view: PodView, settings: ImagePullerSettings) -> list[str]:
 
 
 def puller_container(runtime: Runtime, images: list[str], settings: ImagePullerSettings) -> dict[str, Any]:
+    template = _template(settings)
+    return {
+        "name": PULLER_NAME,
+        "image": settings.puller_images.of(runtime.flavour),
+        **template,
+        "args": [
+            f"--client={runtime.client}",
+            f"--socket={runtime.socket}",
+            *template["args"],
+            *images,
+        ],
+        "volumeMounts": [{"name": VOLUME_NAME, "mountPath": runtime.socket}],
+    }
+
+
+@_per_settings
+def _template(settings: ImagePullerSettings) -> dict[str, Any]:
+    """The parts of the puller container that depend on the settings alone, built once per settings.
+    Shared between answers: nothing downstream mutates a planned value."""
     resources = {
         k: v
         for k, v in (
@@ -62,18 +104,9 @@ def puller_container(runtime: Runtime, images: list[str], settings: ImagePullerS
         if v
     }
     return {
-        "name": PULLER_NAME,
-        "image": settings.puller_images.of(runtime.flavour),
         "imagePullPolicy": "IfNotPresent",
         "command": [PULLER_COMMAND],
-        "args": [
-            f"--client={runtime.client}",
-            f"--socket={runtime.socket}",
-            f"--timeout={settings.timeout_seconds}",
-            f"--failure-policy={settings.failure_policy}",
-            "--",
-            *images,
-        ],
+        "args": [f"--timeout={settings.timeout_seconds}", f"--failure-policy={settings.failure_policy}", "--"],
         "resources": resources,
         "securityContext": {
             "allowPrivilegeEscalation": False,
@@ -84,7 +117,6 @@ def puller_container(runtime: Runtime, images: list[str], settings: ImagePullerS
             "runAsUser": 0,  # the runtime socket belongs to root; nothing else needs it
             "seccompProfile": {"type": "RuntimeDefault"},
         },
-        "volumeMounts": [{"name": VOLUME_NAME, "mountPath": runtime.socket}],
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
 
