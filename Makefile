@@ -6,7 +6,7 @@ CERTS   = certs/dev
 HOST   ?= 127.0.0.1
 PORT   ?= 8443
 
-.PHONY: run test lint typecheck imports pytest bench bench-micro clean
+.PHONY: run test lint typecheck imports pytest bench bench-micro bench-nodes clean
 
 $(BIN)/copilot-webhook: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,9 @@ pytest: $(BIN)/copilot-webhook
 
 bench-micro: $(BIN)/copilot-webhook
 	$(BIN)/python bench/plan_bench.py
+
+bench-nodes: $(BIN)/copilot-webhook
+	$(BIN)/python bench/nodes_bench.py
 
 # Load benchmark against the reference webhooks: make bench ANCHORS=<dir with go-floor/, py-naive/, load.sh>
 bench: $(BIN)/copilot-webhook
