@@ -138,7 +138,7 @@ def ca_bundle(ca: KeyPair) -> str:
     return base64.b64encode(ca.cert_pem).decode("ascii")
 
 
-def _write(path: Path, data: bytes, mode: int) -> None:
+def write_atomic(path: Path, data: bytes, mode: int) -> None:
     # Write beside the target and rename: a server watching the file never reads half of it.
     tmp = path.with_name(f".{path.name}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
@@ -152,9 +152,9 @@ def write_files(out: str | Path, ca: KeyPair, serving: KeyPair) -> dict[str, Pat
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"ca.crt": out / "ca.crt", "tls.crt": out / "tls.crt", "tls.key": out / "tls.key"}
-    _write(paths["ca.crt"], ca.cert_pem, 0o644)
-    _write(paths["tls.key"], serving.key_pem, 0o600)
-    _write(paths["tls.crt"], serving.cert_pem, 0o644)
+    write_atomic(paths["ca.crt"], ca.cert_pem, 0o644)
+    write_atomic(paths["tls.key"], serving.key_pem, 0o600)
+    write_atomic(paths["tls.crt"], serving.cert_pem, 0o644)
     return paths
 
 

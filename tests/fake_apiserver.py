@@ -15,6 +15,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
+import jsonpatch
+import jsonpointer
+
 
 def write_kubeconfig(path: Path, url: str) -> Path:
     config = {
@@ -45,6 +48,9 @@ class FakeAPIServer:
         self.patches: list[tuple[str, dict[str, Any]]] = []
         self.expire_next_continue = False  # answer the next continued list with 410, as after etcd compaction
         self.snapshots: dict[str, list[dict[str, Any]]] = {}
+        # Single objects by URL path (Secrets, MutatingWebhookConfigurations), with optimistic concurrency.
+        self.store: dict[str, dict[str, Any]] = {}
+        self.writes: list[str] = []
         self.encoded: dict[str, dict[str, bytes]] = {path: {} for path in RESOURCES}
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.server.daemon_threads = True
@@ -145,10 +151,50 @@ class FakeAPIServer:
                 self.end_headers()
                 self.wfile.write(data)
 
+            def _body(self) -> Any:
+                return json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"null")
+
+            def _conflict(self, message: str) -> None:
+                self._json(409, {"kind": "Status", "code": 409, "reason": "Conflict", "message": message})
+
+            def do_POST(self) -> None:
+                api.requests.append("POST " + self.path)
+                body = self._body()
+                path = urlparse(self.path).path + "/" + body["metadata"]["name"]
+                with api.cond:
+                    if path in api.store:
+                        self._json(409, {"kind": "Status", "code": 409, "reason": "AlreadyExists"})
+                        return
+                    api.rv += 1
+                    body["metadata"]["resourceVersion"] = str(api.rv)
+                    api.store[path] = body
+                    api.writes.append("create " + path)
+                self._json(201, body)
+
+            def do_PUT(self) -> None:
+                api.requests.append("PUT " + self.path)
+                path, body = urlparse(self.path).path, self._body()
+                with api.cond:
+                    current = api.store.get(path)
+                    if current is None:
+                        self._json(404, {"kind": "Status", "code": 404})
+                        return
+                    if body["metadata"].get("resourceVersion") != current["metadata"]["resourceVersion"]:
+                        self._conflict("the object has been modified; please apply your changes to the latest version")
+                        return
+                    api.rv += 1
+                    body["metadata"]["resourceVersion"] = str(api.rv)
+                    api.store[path] = body
+                    api.writes.append("update " + path)
+                self._json(200, body)
+
             def do_GET(self) -> None:
                 url = urlparse(self.path)
                 api.requests.append(self.path)
                 query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+                if url.path in api.store:
+                    self._json(200, api.store[url.path])
+                    return
                 if url.path not in RESOURCES:
                     self._json(404, {"kind": "Status", "code": 404})
                     return
@@ -234,6 +280,23 @@ class FakeAPIServer:
                     return
                 self._end()
 
+            def _json_patch(self, path: str, ops: list[dict[str, Any]]) -> None:
+                if self.headers.get("Content-Type") != "application/json-patch+json":
+                    self._json(415, {"kind": "Status", "code": 415})
+                    return
+                with api.cond:
+                    try:
+                        patched = jsonpatch.apply_patch(api.store[path], ops)
+                    except (jsonpatch.JsonPatchException, jsonpointer.JsonPointerException) as exc:
+                        status = {"kind": "Status", "code": 422, "reason": "Invalid", "message": str(exc)}
+                        self._json(422, status)
+                        return
+                    api.rv += 1
+                    patched["metadata"]["resourceVersion"] = str(api.rv)
+                    api.store[path] = patched
+                    api.writes.append("patch " + path)
+                self._json(200, patched)
+
             def _chunk(self, data: bytes) -> None:
                 try:
                     self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
@@ -252,6 +315,9 @@ class FakeAPIServer:
                 url = urlparse(self.path)
                 api.requests.append("PATCH " + self.path)
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if url.path in api.store:
+                    self._json_patch(url.path, body)
+                    return
                 name = url.path.rsplit("/", 1)[-1]
                 path = url.path.rsplit("/", 1)[0]
                 with api.cond:

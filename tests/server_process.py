@@ -49,20 +49,29 @@ class Server:
 
 
 @contextmanager
-def running_server(tls_dir: Path, workdir: Path, *args: str, config: str | None = None) -> Iterator[Server]:
+def running_server(
+    tls_dir: Path,
+    workdir: Path,
+    *args: str,
+    config: str | None = None,
+    env: dict[str, str] | None = None,
+    port: int | None = None,
+) -> Iterator[Server]:
     workdir.mkdir(parents=True, exist_ok=True)
     for name in ("ca.crt", "tls.crt", "tls.key"):
         shutil.copy(tls_dir / name, workdir / name)
     command = [sys.executable, "-m", "webhook", "serve", "--host", "127.0.0.1"]
-    port = free_port()
+    port = port or free_port()
     command += ["--port", str(port), "--tls-cert", str(workdir / "tls.crt"), "--tls-key", str(workdir / "tls.key")]
     if config is not None:
         (workdir / "config.yaml").write_text(config)
         command += ["--config", str(workdir / "config.yaml")]
     command += list(args)
     log = workdir / "server.log"
+    extra = env or {}
     env = {k: v for k, v in os.environ.items() if not k.startswith("COPILOT_WEBHOOK_") and k != "KUBECONFIG"}
     env["HOME"] = str(workdir)  # no stray ~/.kube/config: cluster access only where a test configures it
+    env.update(extra)
     with log.open("wb") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
     server = Server(process, port, workdir, log)

@@ -33,6 +33,13 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--tls-key")
     serve.add_argument("--client-ca", help="require client certificates signed by this CA")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    serve.add_argument("--certs-secret", help="self-signed TLS: renew the certificate kept in this Secret")
+    serve.add_argument("--webhook-config", help="self-signed TLS: the MutatingWebhookConfiguration to keep in step")
+    serve.add_argument("--service", help="self-signed TLS: the webhook's Service (default: the webhook configuration)")
+    serve.add_argument("--certs-days", type=int, default=90, help="self-signed TLS: certificate lifetime (default 90)")
+    serve.add_argument(
+        "--self-check-address", help="self-signed TLS: HOST:PORT to check the handshake against (default: the Service)"
+    )
 
     certs = commands.add_parser("certs", help="certificates for the webhook Service")
     certs_commands = certs.add_subparsers(dest="certs_command", required=True, metavar="COMMAND")
@@ -43,6 +50,16 @@ def _parser() -> argparse.ArgumentParser:
     generate.add_argument("--dns", action="append", default=[], help="extra DNS name (repeatable)")
     generate.add_argument("--ip", action="append", default=[], help="extra IP address (repeatable)")
     generate.add_argument("--days", type=int, default=365, help="serving certificate lifetime (default 365)")
+    ensure = certs_commands.add_parser("ensure", help="create or renew the certificate in a Secret; patch the caBundle")
+    ensure.add_argument("--secret", required=True, help="the Secret to keep the CA and certificate in")
+    ensure.add_argument("--webhook-config", required=True, help="the MutatingWebhookConfiguration to patch")
+    ensure.add_argument("--service", help="the webhook's Service (default: the webhook configuration's name)")
+    ensure.add_argument("--namespace", help="default: $POD_NAMESPACE, else the service account's namespace")
+    ensure.add_argument(
+        "--days", type=int, default=90, help="serving certificate lifetime, renewed at 2/3 (default 90)"
+    )
+    ensure.add_argument("--out", help="also write tls.crt, tls.key and ca.crt here")
+    ensure.add_argument("--config", help="YAML configuration file (for cluster access settings)")
 
     show = commands.add_parser("preview", help="what the webhook would do to the objects in a file")
     show.add_argument(
@@ -147,7 +164,40 @@ def _label_nodes(args: argparse.Namespace, settings: Settings) -> int:
     return EXIT_FAILURE if errors else EXIT_OK
 
 
+def _certs_ensure(args: argparse.Namespace) -> int:
+    from webhook.cluster.access import ClusterAccessError, api_client
+    from webhook.cluster.certificates import CertificateManager, EnsureError, own_namespace
+
+    try:
+        settings = load_settings(args.config)
+    except ConfigError as exc:
+        print(f"copilot-webhook: invalid configuration: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    namespace = args.namespace or own_namespace()
+    if not namespace:
+        print("copilot-webhook: certs ensure: --namespace is required outside a pod", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        api = api_client(settings.cluster)
+        if api is None:
+            raise ClusterAccessError("no cluster access (no service account, no kubeconfig)")
+        manager = CertificateManager(
+            api, args.secret, namespace, args.webhook_config, args.service or args.webhook_config, args.days
+        )
+        state = manager.ensure(Path(args.out) if args.out else None)
+    except (ClusterAccessError, EnsureError) as exc:
+        print(f"copilot-webhook: certs ensure: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    except Exception as exc:  # an API error: say which, no traceback
+        print(f"copilot-webhook: certs ensure: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    print(f"{args.secret}: {state.note}")
+    return EXIT_OK
+
+
 def _certs(args: argparse.Namespace) -> int:
+    if args.certs_command == "ensure":
+        return _certs_ensure(args)
     from certs.authority import generate_files
 
     try:
@@ -164,8 +214,8 @@ def _certs(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "certs":
-        if args.days < 1:
-            print("copilot-webhook: --days must be at least 1", file=sys.stderr)
+        if args.days < 1 or args.days > 3650:
+            print("copilot-webhook: --days must be from 1 to 3650", file=sys.stderr)
             return EXIT_USAGE
         return _certs(args)
     try:
@@ -183,4 +233,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from webhook.serve import serve
 
-    return serve(settings, getattr(args, "config", None), _serve_overrides(args))
+    managed = None
+    if args.certs_secret:
+        if not args.webhook_config:
+            print("copilot-webhook: --certs-secret needs --webhook-config", file=sys.stderr)
+            return EXIT_USAGE
+        managed = (args.certs_secret, args.webhook_config, args.service or args.webhook_config, args.certs_days)
+    check = None
+    if args.self_check_address:
+        host, _, port = args.self_check_address.rpartition(":")
+        if not host or not port.isdigit():
+            print("copilot-webhook: --self-check-address must be HOST:PORT", file=sys.stderr)
+            return EXIT_USAGE
+        check = (host, int(port))
+    return serve(settings, getattr(args, "config", None), _serve_overrides(args), managed, check)

@@ -90,6 +90,23 @@ class Metrics:
             ["result"],
             registry=self.registry,
         )
+        self.certificate_renewals = Counter(
+            "copilot_webhook_certificate_renewals",
+            "Runs of the self-signed certificate renewal, by result (current, renewed, failed).",
+            ["result"],
+            registry=self.registry,
+        )
+        self.tls_self_check = Gauge(
+            "copilot_webhook_tls_self_check",
+            "1 when a handshake with our own Service verified against the caBundle stored in the webhook "
+            "configuration at the last check, 0 when it did not.",
+            registry=self.registry,
+        )
+        self.ca_bundle_expiry = Gauge(
+            "copilot_webhook_ca_bundle_expiry_timestamp_seconds",
+            "Unix time at which the first CA of the published caBundle expires.",
+            registry=self.registry,
+        )
         self.config_reloads = Counter(
             "copilot_webhook_config_reloads",
             "Configuration reloads from disk, by result.",
@@ -100,6 +117,18 @@ class Metrics:
         self.request = _Children(self.requests)
         self.mutation = _Children(self.mutations)
         self.skip = _Children(self.skips)
+
+    def renewal(self, result: str) -> None:
+        self.certificate_renewals.labels(result).inc()
+
+    def self_check(self, failure: str | None) -> None:
+        self.tls_self_check.set(0 if failure else 1)
+
+    def bundle_expiry(self, bundle: bytes) -> None:
+        from cryptography import x509
+
+        certs = x509.load_pem_x509_certificates(bundle)
+        self.ca_bundle_expiry.set(min(c.not_valid_after_utc for c in certs).timestamp())
 
     def watch_nodes(self, counts: Callable[[], Mapping[str, int]]) -> None:
         """copilot_webhook_nodes{runtime}: nodes in the cache by detected runtime, read at scrape time."""

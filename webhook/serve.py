@@ -9,11 +9,13 @@ from __future__ import annotations
 import logging
 import ssl
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import uvicorn
 
 from webhook.cluster.access import ClusterAccessError, ClusterView, api_client
+from webhook.cluster.certificates import CertificateKeeper, CertificateManager, own_namespace
 from webhook.config import ConfigError, Settings, load_settings
 from webhook.metrics import Metrics
 from webhook.review import NamespaceFacts, no_cluster
@@ -73,8 +75,21 @@ class Reloader:
         log.info("configuration reloaded from %s", self.config_file)
 
 
-def serve(settings: Settings, config_file: str | None, overrides: Mapping[str, Any]) -> int:
+def serve(
+    settings: Settings,
+    config_file: str | None,
+    overrides: Mapping[str, Any],
+    managed: tuple[str, str, str, int] | None = None,
+    check_address: tuple[str, int] | None = None,
+) -> int:
+    """`managed`: (Secret, webhook configuration, Service, days) when the server keeps its own certificate."""
     server_settings = settings.server
+    metrics = Metrics()
+    keeper = None
+    if managed is not None:
+        keeper = _keeper(settings, managed, check_address, metrics)
+        if keeper is None:
+            return 1
     files = TLSFiles(
         server_settings.tls_cert,
         server_settings.tls_key,
@@ -91,7 +106,6 @@ def serve(settings: Settings, config_file: str | None, overrides: Mapping[str, A
     except ClusterAccessError as exc:
         log.error("%s", exc)
         return 1
-    metrics = Metrics()
     readiness: list[Readiness] = [tls.readiness]
     namespaces: NamespaceFacts = no_cluster
     view = None
@@ -102,6 +116,8 @@ def serve(settings: Settings, config_file: str | None, overrides: Mapping[str, A
         readiness.append(view.readiness)
         namespaces = view
         metrics.watch_nodes(view.nodes.by_runtime)
+    if keeper is not None:
+        keeper.start()
     app = WebhookApp(settings, metrics, namespaces=namespaces, readiness=readiness)
     config = uvicorn.Config(
         app,
@@ -129,4 +145,26 @@ def serve(settings: Settings, config_file: str | None, overrides: Mapping[str, A
     finally:
         if view is not None:
             view.stop()
+        if keeper is not None:
+            keeper.stop.set()
     return 0
+
+
+def _keeper(
+    settings: Settings, managed: tuple[str, str, str, int], check_address: tuple[str, int] | None, metrics: Metrics
+) -> CertificateKeeper | None:
+    """Self-signed TLS: make sure a certificate is on disk before serving, then keep it renewed."""
+    secret, webhook_config, service, days = managed
+    namespace = own_namespace()
+    try:
+        api = api_client(settings.cluster)
+        if api is None or namespace is None:
+            raise ClusterAccessError("--certs-secret needs cluster access and the pod's namespace ($POD_NAMESPACE)")
+        manager = CertificateManager(api, secret, namespace, webhook_config, service, days)
+        keeper = CertificateKeeper(manager, Path(settings.server.tls_cert).parent, metrics, check_address)
+        state = manager.ensure(keeper.out)
+        metrics.renewal("renewed" if state.changed else "current")
+    except Exception as exc:
+        log.error("cannot ensure the serving certificate in %s: %s", secret, exc)
+        return None
+    return keeper

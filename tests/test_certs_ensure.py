@@ -1,0 +1,234 @@
+"""certs ensure and the in-server certificate keeper, with the real kubernetes client against a server
+that speaks the API for Secrets and MutatingWebhookConfigurations (create, get, update with conflicts on
+resourceVersion, JSON patch with a resourceVersion test)."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import ssl
+import subprocess
+import sys
+import threading
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography import x509
+
+from certs.rotation import load_bundle
+from tests.fake_apiserver import FakeAPIServer
+from webhook.cluster.access import api_client
+from webhook.cluster.certificates import CertificateManager
+from webhook.config import ClusterSettings
+
+MWC = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/cw"
+SECRET = "/api/v1/namespaces/flyte/secrets/cw-tls"
+SERVICE_NAME = "cw.flyte.svc"
+
+
+@pytest.fixture
+def cluster(api: FakeAPIServer) -> FakeAPIServer:
+    api.store[MWC] = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": "cw", "resourceVersion": "1"},
+        "webhooks": [
+            {"name": "ptrace.copilot-webhook.io", "clientConfig": {"service": {"name": "cw", "namespace": "flyte"}}},
+            {
+                "name": "image-puller.copilot-webhook.io",
+                "clientConfig": {"service": {"name": "cw", "namespace": "flyte"}},
+            },
+        ],
+    }
+    return api
+
+
+def _manager(api: FakeAPIServer, tmp_path: Path, days: int = 90) -> CertificateManager:
+    client = api_client(ClusterSettings(kubeconfig=str(api.kubeconfig(tmp_path / "kubeconfig"))))
+    assert client is not None
+    return CertificateManager(client, "cw-tls", "flyte", "cw", "cw", days)
+
+
+def _bundles(api: FakeAPIServer) -> list[bytes]:
+    return [base64.b64decode(w["clientConfig"]["caBundle"]) for w in api.store[MWC]["webhooks"]]
+
+
+def _verifies(leaf_pem: bytes, bundle: bytes) -> bool:
+    """Would the API server accept this serving certificate for the Service, given this caBundle?"""
+    leaf = x509.load_pem_x509_certificate(leaf_pem)
+    roots = load_bundle(bundle)
+    for root in roots:
+        with contextlib.suppress(Exception):
+            leaf.verify_directly_issued_by(root)
+            sans = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+            return SERVICE_NAME in sans.get_values_for_type(x509.DNSName)
+    return False
+
+
+def test_first_install_creates_the_secret_patches_every_webhook_and_writes_files(
+    cluster: FakeAPIServer, tmp_path: Path
+) -> None:
+    state = _manager(cluster, tmp_path).ensure(tmp_path / "tls")
+    assert state.note == "new CA, new serving certificate"
+    assert cluster.writes == [f"create {SECRET}", f"patch {MWC}"]
+    bundles = _bundles(cluster)
+    assert bundles[0] == bundles[1]
+    leaf = (tmp_path / "tls" / "tls.crt").read_bytes()
+    assert _verifies(leaf, bundles[0])
+    assert (tmp_path / "tls" / "ca.crt").read_bytes() == bundles[0]
+    assert (tmp_path / "tls" / "tls.key").stat().st_mode & 0o777 == 0o600
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(tmp_path / "tls" / "tls.crt", tmp_path / "tls" / "tls.key")  # a pair that loads
+
+
+def test_a_second_run_changes_nothing(cluster: FakeAPIServer, tmp_path: Path) -> None:
+    manager = _manager(cluster, tmp_path)
+    manager.ensure()
+    writes = list(cluster.writes)
+    assert manager.ensure().note == "nothing to do"
+    assert cluster.writes == writes
+
+
+def test_renewal_at_two_thirds_keeps_the_ca_and_the_bundle(cluster: FakeAPIServer, tmp_path: Path) -> None:
+    manager = _manager(cluster, tmp_path)
+    first = manager.ensure()
+    later = datetime.now(UTC) + timedelta(days=59)
+    assert manager.ensure(now=later).note == "nothing to do"
+    renewed = manager.ensure(now=datetime.now(UTC) + timedelta(days=61))
+    assert renewed.note == "new serving certificate"
+    assert renewed.data["tls.crt"] != first.data["tls.crt"]
+    assert renewed.bundle == first.bundle
+    assert cluster.writes[-1] == f"update {SECRET}", "the caBundle did not change: no patch"
+
+
+def test_ca_rotation_never_serves_a_certificate_the_published_bundle_does_not_trust(
+    cluster: FakeAPIServer, tmp_path: Path
+) -> None:
+    manager = _manager(cluster, tmp_path)
+    start = datetime.now(UTC)
+    manager.ensure(now=start)
+    old_ca = load_bundle(_bundles(cluster)[0])[0]
+    ca_life = old_ca.not_valid_after_utc - old_ca.not_valid_before_utc
+    moment = old_ca.not_valid_before_utc + ca_life * 2 / 3 + timedelta(days=1)
+    notes = []
+    for step in range(3):
+        state = manager.ensure(tmp_path / "tls", now=moment + timedelta(minutes=step))
+        notes.append(state.note)
+        served = (tmp_path / "tls" / "tls.crt").read_bytes()
+        assert _verifies(served, _bundles(cluster)[0]), f"step {step}: served certificate not trusted by the caBundle"
+    assert notes[0].startswith("next CA joins the bundle")
+    assert notes[1].startswith("next CA promoted")
+    assert notes[2] == "nothing to do"
+    issuer = x509.load_pem_x509_certificate((tmp_path / "tls" / "tls.crt").read_bytes()).issuer
+    assert issuer == load_bundle(_bundles(cluster)[0])[-1].subject
+    assert len(load_bundle(_bundles(cluster)[0])) == 2, "the old CA stays trusted until it expires"
+
+
+def test_replicas_racing_on_a_fresh_install_agree(cluster: FakeAPIServer, tmp_path: Path) -> None:
+    results: list[Any] = []
+    barrier = threading.Barrier(4)
+
+    def replica(n: int) -> None:
+        manager = _manager(cluster, tmp_path / f"r{n}")
+        barrier.wait()
+        results.append(manager.ensure(tmp_path / f"out{n}"))
+
+    (tmp_path / "r0").mkdir(), (tmp_path / "r1").mkdir(), (tmp_path / "r2").mkdir(), (tmp_path / "r3").mkdir()
+    threads = [threading.Thread(target=replica, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == 4
+    assert sum(w == f"create {SECRET}" for w in cluster.writes) == 1
+    served = {(tmp_path / f"out{n}" / "tls.crt").read_bytes() for n in range(4)}
+    assert len(served) == 1, "every replica serves the certificate stored in the Secret"
+    assert _verifies(served.pop(), _bundles(cluster)[0])
+
+
+def test_a_conflicting_update_is_retried(cluster: FakeAPIServer, tmp_path: Path) -> None:
+    manager = _manager(cluster, tmp_path)
+    manager.ensure()
+    original = manager.read_secret
+
+    calls = [0]
+
+    def stale() -> tuple[dict[str, bytes] | None, str | None]:
+        data, version = original()
+        calls[0] += 1
+        return data, (str(int(version) - 1) if calls[0] == 1 and version else version)
+
+    manager.read_secret = stale  # type: ignore[method-assign]
+    state = manager.ensure(now=datetime.now(UTC) + timedelta(days=61))
+    assert state.note == "new serving certificate"
+    assert calls[0] == 2, "the 409 on the stale resourceVersion made it read again"
+
+
+def _cli(api: FakeAPIServer, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {"PATH": "/usr/bin:/bin", "COPILOT_WEBHOOK_CLUSTER__KUBECONFIG": str(api.kubeconfig(tmp_path / "kc"))}
+    return subprocess.run(
+        [sys.executable, "-m", "webhook", "certs", "ensure", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_certs_ensure_command(cluster: FakeAPIServer, tmp_path: Path) -> None:
+    args = ("--secret", "cw-tls", "--webhook-config", "cw", "--namespace", "flyte", "--out", str(tmp_path / "out"))
+    result = _cli(cluster, tmp_path, *args)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "cw-tls: new CA, new serving certificate"
+    assert _cli(cluster, tmp_path, *args).stdout.strip() == "cw-tls: nothing to do"
+    missing = _cli(cluster, tmp_path, "--secret", "x", "--webhook-config", "nope", "--namespace", "flyte")
+    assert missing.returncode == 1
+    assert "MutatingWebhookConfiguration nope not found" in missing.stderr
+    assert "Traceback" not in missing.stderr
+
+
+def test_serve_keeps_its_own_certificate_and_checks_the_published_bundle(
+    cluster: FakeAPIServer, tmp_path: Path
+) -> None:
+    """self-signed mode end to end: the server ensures its certificate before serving, serves it, and its
+    self-check (a handshake verified against the caBundle read back from the webhook configuration) passes."""
+    from tests.server_process import free_port, running_server
+    from tests.support import eventually
+
+    port = free_port()
+    config = f"cluster:\n  kubeconfig: {cluster.kubeconfig(tmp_path / 'kc')}\n"
+    tls = tmp_path / "placeholder"
+    from certs.authority import generate_files
+
+    generate_files(tls, "placeholder", "x", dns=["localhost"])  # overwritten by the server's own
+    args = ("--certs-secret", "cw-tls", "--webhook-config", "cw", "--self-check-address", f"127.0.0.1:{port}")
+    with running_server(
+        tls, tmp_path / "srv", *args, config=config, env={"POD_NAMESPACE": "flyte"}, port=port
+    ) as server:
+        (tmp_path / "bundle.crt").write_bytes(_bundles(cluster)[0])
+        assert eventually(
+            lambda: "copilot_webhook_tls_self_check 1.0" in _metrics(server.port, tmp_path / "bundle.crt")
+        )
+        assert 'copilot_webhook_certificate_renewals_total{result="renewed"} 1.0' in _metrics(
+            server.port, tmp_path / "bundle.crt"
+        )
+        assert (server.workdir / "tls.crt").read_bytes() == base64.b64decode(cluster.store[SECRET]["data"]["tls.crt"])
+
+
+def _metrics(port: int, ca: Path) -> str:
+    """GET /metrics verifying the certificate for the Service name, as the API server would."""
+    import socket
+
+    context = ssl.create_default_context(cafile=str(ca))
+    with (
+        socket.create_connection(("127.0.0.1", port)) as raw,
+        context.wrap_socket(raw, server_hostname=SERVICE_NAME) as tls,
+    ):
+        tls.sendall(b"GET /metrics HTTP/1.1\r\nHost: cw\r\nConnection: close\r\n\r\n")
+        chunks = []
+        while chunk := tls.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks).decode()
