@@ -1,0 +1,58 @@
+"""Configuration and certificate files replaced the way Kubernetes replaces mounted ConfigMaps and
+Secrets: the file is a symlink through `..data`, and the kubelet swaps `..data` to a new directory."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from certs.authority import generate_files
+from webhook.config import build_settings
+from webhook.serve import Reloader
+from webhook.server import WebhookApp
+from webhook.tls import ReloadingTLS, TLSFiles
+
+
+def _kubelet_volume(root: Path, files: dict[str, bytes], generation: int) -> None:
+    """Write a new timestamped directory and atomically repoint ..data at it, as the kubelet does."""
+    target = root / f"..2026_11_30_{generation:02d}"
+    target.mkdir()
+    for name, data in files.items():
+        (target / name).write_bytes(data)
+        link = root / name
+        if not link.is_symlink():
+            link.symlink_to(Path("..data") / name)
+    tmp = root / "..data_tmp"
+    tmp.symlink_to(target.name)
+    os.replace(tmp, root / "..data")
+
+
+def test_symlink_swapped_config_and_certificates_are_reloaded(tmp_path: Path) -> None:
+    certs_a, certs_b = tmp_path / "a", tmp_path / "b"
+    generate_files(certs_a, "svc", "ns", dns=["localhost"])
+    generate_files(certs_b, "svc", "ns", dns=["localhost"], days=30)
+    secret, config = tmp_path / "secret", tmp_path / "config"
+    secret.mkdir()
+    config.mkdir()
+    pair = lambda d: {n: (d / n).read_bytes() for n in ("tls.crt", "tls.key")}  # noqa: E731
+    _kubelet_volume(secret, pair(certs_a), 1)
+    _kubelet_volume(config, {"config.yaml": b"ptrace:\n  mode: add\n"}, 1)
+
+    tls = ReloadingTLS(TLSFiles(str(secret / "tls.crt"), str(secret / "tls.key")))
+    app = WebhookApp(build_settings({}))
+    reloader = Reloader(app, tls, str(config / "config.yaml"), {})
+    first_expiry = tls.expires
+
+    _kubelet_volume(config, {"config.yaml": b"ptrace:\n  mode: drop\n"}, 2)
+    _kubelet_volume(secret, pair(certs_b), 2)
+    reloader()
+    assert app.settings.ptrace.mode == "drop"
+    assert tls.expires < first_expiry, "the 30-day certificate is served now"
+
+    _kubelet_volume(config, {"config.yaml": b"ptrace:\n  mode: sometimes\n"}, 3)
+    reloader()
+    assert app.settings.ptrace.mode == "drop", "an invalid configuration is refused; the last good one stays"
+    text = app.metrics.render().decode()
+    assert 'copilot_webhook_config_reloads_total{result="ok"} 1.0' in text
+    assert 'copilot_webhook_config_reloads_total{result="refused"} 1.0' in text
+    assert 'copilot_webhook_certificate_reloads_total{result="ok"} 1.0' in text
