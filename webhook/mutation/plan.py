@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from webhook.config import Settings
-from webhook.mutation.copilot import Undecidable, find_copilot, plan_ptrace
+from webhook.mutation.copilot import PtraceResult, Undecidable, find_copilot, plan_ptrace
 from webhook.mutation.facts import INJECT_LABEL, MODE_LABEL, Facts
 from webhook.mutation.pod import PodView, read_pod
 from webhook.mutation.pointer import Operation, add, join
-from webhook.mutation.puller import plan_puller
+from webhook.mutation.puller import PullerResult, plan_puller
 from webhook.mutation.runtime import Runtime
 
 PTRACE = "ptrace"
@@ -97,36 +97,23 @@ def plan(pod: Any, facts: Facts, settings: Settings, kinds: Collection[str] = KI
         return _skip_all(kinds, "namespace-opt-out")
     shadow = settings.mode == "shadow" or cluster.label(MODE_LABEL) == "shadow"
 
-    changes: list[Change] = []
-    warnings: list[str] = []
-    audit: dict[str, str] = {}
-    outcomes: dict[str, Outcome] = {}
-    summary: dict[str, str] = {}
+    out = Plan(shadow=shadow)
     undecided: list[str] = []
-    runtime: Runtime | None = None
-    runtime_note = "image puller not planned"
     copilot = find_copilot(view, settings.copilot)
 
     # Each kind's operations are computed against the pod as sent; the ptrace operations come first
     # because the puller inserts an init container at index 0, which would shift the paths after it.
     if PTRACE in kinds:
         if copilot is None:
-            outcomes[PTRACE] = Outcome(False, "not-copilot")
+            out.outcomes[PTRACE] = Outcome(False, "not-copilot")
         else:
             try:
                 result = plan_ptrace(view, copilot, settings.ptrace, cluster.pod_security_level)
             except Undecidable as exc:
                 undecided.append(str(exc))
-                outcomes[PTRACE] = Outcome(False, "undecided")
+                out.outcomes[PTRACE] = Outcome(False, "undecided")
             else:
-                changes += [Change(op, why) for op, why in result.ops]
-                warnings += result.warnings
-                audit[PTRACE] = result.decision
-                if result.ops:
-                    summary[PTRACE] = result.decision
-                outcomes[PTRACE] = Outcome(
-                    bool(result.ops), result.decision.split(":")[0] if result.ops else str(result.skip_reason)
-                )
+                _absorb(out, PTRACE, result, result.decision.split(":")[0], audited=True)
 
     if PULLER in kinds:
         recorded = PULLER in parse_summary(view.annotation(MUTATED_ANNOTATION))
@@ -134,23 +121,27 @@ def plan(pod: Any, facts: Facts, settings: Settings, kinds: Collection[str] = KI
             pulled = plan_puller(view, copilot is not None, facts, settings.image_puller, recorded)
         except Undecidable as exc:
             undecided.append(str(exc))
-            outcomes[PULLER] = Outcome(False, "undecided")
+            out.outcomes[PULLER] = Outcome(False, "undecided")
         else:
-            changes += [Change(op, why) for op, why in pulled.ops]
-            warnings += pulled.warnings
-            if pulled.skip_reason not in ("disabled", "not-copilot"):
-                audit[PULLER] = pulled.decision
-            if pulled.ops:
-                summary[PULLER] = pulled.decision
-            outcomes[PULLER] = Outcome(
-                bool(pulled.ops), pulled.runtime.flavour if pulled.ops and pulled.runtime else str(pulled.skip_reason)
-            )
-            runtime, runtime_note = pulled.runtime, pulled.decision
+            flavour = pulled.runtime.flavour if pulled.runtime else ""
+            _absorb(out, PULLER, pulled, flavour, audited=pulled.skip_reason not in ("disabled", "not-copilot"))
+            out.runtime, out.runtime_note = pulled.runtime, pulled.decision
 
+    summary = {kind: out.audit[kind] for kind, outcome in out.outcomes.items() if outcome.mutated}
     if summary:
         recorded_change = summary_change(view, summary)
         if recorded_change is not None:
-            changes.append(recorded_change)
-    if shadow and changes:
-        warnings.append(f"shadow mode: {len(changes)} patch operation(s) computed but not applied")
-    return Plan(changes, warnings, audit, outcomes, shadow, "; ".join(undecided) or None, runtime, runtime_note)
+            out.changes.append(recorded_change)
+    if shadow and out.changes:
+        out.warnings.append(f"shadow mode: {len(out.changes)} patch operation(s) computed but not applied")
+    out.undecided = "; ".join(undecided) or None
+    return out
+
+
+def _absorb(out: Plan, kind: str, result: PtraceResult | PullerResult, applied: str, audited: bool) -> None:
+    """Fold one kind's result into the plan; `applied` is the metrics reason when it changed the pod."""
+    out.changes += [Change(op, why) for op, why in result.ops]
+    out.warnings += result.warnings
+    if audited or result.ops:
+        out.audit[kind] = result.decision
+    out.outcomes[kind] = Outcome(bool(result.ops), applied if result.ops else str(result.skip_reason))
