@@ -18,9 +18,11 @@ $(CERTS)/tls.crt: | $(BIN)/copilot-webhook
 	$(BIN)/copilot-webhook certs generate --out $(CERTS) --service copilot-webhook --namespace copilot-webhook \
 		--dns localhost --ip 127.0.0.1 > /dev/null
 
+# A local run never touches a cluster, even where a kubeconfig is present.
 run: $(BIN)/copilot-webhook $(CERTS)/tls.crt
 	@echo "Preview a Flyte 1.15 pod (in another terminal):"
 	@echo "  curl --cacert $(CERTS)/ca.crt -H 'Content-Type: application/yaml' --data-binary @examples/flyte-1.15-pod.yaml 'https://$(HOST):$(PORT)/preview?output=diff'"
+	COPILOT_WEBHOOK_CLUSTER__ENABLED=false \
 	$(BIN)/copilot-webhook serve --host $(HOST) --port $(PORT) --tls-cert $(CERTS)/tls.crt --tls-key $(CERTS)/tls.key
 
 test: lint typecheck imports pytest

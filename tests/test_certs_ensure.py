@@ -17,10 +17,13 @@ from typing import Any
 import pytest
 from cryptography import x509
 
+from certs.authority import generate_ca, generate_files
 from certs.rotation import load_bundle
 from tests.fake_apiserver import FakeAPIServer
+from tests.server_process import free_port, running_server
+from tests.support import eventually
 from webhook.cluster.access import api_client
-from webhook.cluster.certificates import CertificateManager
+from webhook.cluster.certificates import CertificateKeeper, CertificateManager
 from webhook.config import ClusterSettings
 
 MWC = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/cw"
@@ -195,14 +198,9 @@ def test_serve_keeps_its_own_certificate_and_checks_the_published_bundle(
 ) -> None:
     """self-signed mode end to end: the server ensures its certificate before serving, serves it, and its
     self-check (a handshake verified against the caBundle read back from the webhook configuration) passes."""
-    from tests.server_process import free_port, running_server
-    from tests.support import eventually
-
     port = free_port()
     config = f"cluster:\n  kubeconfig: {cluster.kubeconfig(tmp_path / 'kc')}\n"
     tls = tmp_path / "placeholder"
-    from certs.authority import generate_files
-
     generate_files(tls, "placeholder", "x", dns=["localhost"])  # overwritten by the server's own
     args = ("--certs-secret", "cw-tls", "--webhook-config", "cw", "--self-check-address", f"127.0.0.1:{port}")
     with running_server(
@@ -216,6 +214,26 @@ def test_serve_keeps_its_own_certificate_and_checks_the_published_bundle(
             server.port, tmp_path / "bundle.crt"
         )
         assert (server.workdir / "tls.crt").read_bytes() == base64.b64decode(cluster.store[SECRET]["data"]["tls.crt"])
+
+        # The same check, run here, must fail once the published caBundle no longer signs what is served.
+        reports: list[str | None] = []
+
+        class Report:
+            def self_check(self, why: str | None) -> None:
+                reports.append(why)
+
+            def bundle_expiry(self, bundle: bytes) -> None:
+                pass
+
+        keeper = CertificateKeeper(_manager(cluster, tmp_path), tmp_path, Report(), ("127.0.0.1", server.port))
+        assert keeper.check() is None
+        foreign = base64.b64encode(generate_ca("someone else").cert_pem).decode()
+        for hook in cluster.store[MWC]["webhooks"]:
+            hook["clientConfig"]["caBundle"] = foreign
+        failure = keeper.check()
+        assert failure is not None
+        assert "CERTIFICATE_VERIFY_FAILED" in failure
+        assert reports == [None, failure]
 
 
 def _metrics(port: int, ca: Path) -> str:

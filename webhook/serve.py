@@ -65,10 +65,14 @@ class Reloader:
             log.error("new configuration in %s refused, the previous one stays in force: %s", self.config_file, exc)
             self.app.metrics.config_reloads.labels("refused").inc()
             return
-        if new.server != self.app.settings.server:
+        old = self.app.settings
+        if (
+            new.server != old.server
+            or new.cluster != old.cluster
+            or new.image_puller.labeller != old.image_puller.labeller
+        ):
             log.warning(
-                "server settings changed in %s; host, port and TLS paths take effect at the next start",
-                self.config_file,
+                "%s changed server, cluster or labeller settings: those take effect at the next start", self.config_file
             )
         self.app.settings = new
         self.app.metrics.config_reloads.labels("ok").inc()
