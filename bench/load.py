@@ -15,7 +15,6 @@ import argparse
 import os
 import re
 import shutil
-import signal
 import socket
 import statistics
 import subprocess
@@ -28,13 +27,11 @@ from pathlib import Path
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.server_process import free_port, stop_process  # noqa: E402 - the tests' process helpers
+
 BODY = HERE / "data" / "flyte-1.15-review.json"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _wait_port(port: int, timeout: float = 30) -> None:
@@ -55,11 +52,7 @@ def _process(command: list[str], port: int, cwd: Path | None = None) -> Iterator
         _wait_port(port)
         yield
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_process(proc)
 
 
 def _ms(text: str) -> float:
@@ -107,7 +100,7 @@ def main() -> None:
         env={**os.environ, "GOFLAGS": "-buildvcs=false", "GOCACHE": str(work / "gocache")},
     )
 
-    ours, go_port, naive = _free_port(), _free_port(), _free_port()
+    ours, go_port, naive = free_port(), free_port(), free_port()
     servers = [
         ([sys.executable, "-m", "webhook", "serve", "--host", "127.0.0.1", "--port", str(ours), "--tls-cert", cert,
           "--tls-key", key, "--log-level", "warning"], ours, None),

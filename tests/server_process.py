@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -79,12 +80,17 @@ def running_server(
         _wait_ready(server)
         yield server
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process)
+
+
+def stop_process(process: subprocess.Popen[Any]) -> None:
+    """SIGTERM, as Kubernetes does, then SIGKILL if it has not stopped within 15 s."""
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def _wait_ready(server: Server, timeout: float = 20) -> None:
