@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
@@ -125,10 +125,6 @@ def next_state(
 
 
 def expiry(pem: bytes) -> datetime | None:
+    """When the first certificate of a PEM bundle expires; None for no readable certificate."""
     certs = load_bundle(pem)
     return min((c.not_valid_after_utc for c in certs), default=None)
-
-
-def within(cert_pem: bytes, now: datetime, margin: timedelta) -> bool:
-    end = expiry(cert_pem)
-    return end is not None and end - now > margin

@@ -10,6 +10,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
+from certs.rotation import expiry
 from webhook.mutation.plan import Plan
 
 # Admission answers are expected within milliseconds; the API server gives up at timeoutSeconds (<= 30).
@@ -125,10 +126,9 @@ class Metrics:
         self.tls_self_check.set(0 if failure else 1)
 
     def bundle_expiry(self, bundle: bytes) -> None:
-        from cryptography import x509
-
-        certs = x509.load_pem_x509_certificates(bundle)
-        self.ca_bundle_expiry.set(min(c.not_valid_after_utc for c in certs).timestamp())
+        end = expiry(bundle)
+        if end is not None:
+            self.ca_bundle_expiry.set(end.timestamp())
 
     def watch_nodes(self, counts: Callable[[], Mapping[str, int]]) -> None:
         """copilot_webhook_nodes{runtime}: nodes in the cache by detected runtime, read at scrape time."""
