@@ -125,13 +125,9 @@ def socket_volume(runtime: Runtime) -> dict[str, Any]:
     return {"name": VOLUME_NAME, "hostPath": {"path": runtime.socket, "type": "Socket"}}
 
 
-class NameClash(Exception):
-    """A name the puller needs is taken by something that is not ours."""
-
-
 def already_injected(view: PodView, recorded: bool) -> bool:
     """True when our puller is in place. A container or volume with our names that we did not record
-    putting there is someone else's: a clash, never silently reused."""
+    putting there is someone else's: a clash, never silently reused, and Undecidable (spec 1.3)."""
     container = any(c.name == PULLER_NAME for c in view.containers)
     volumes = view.spec.get("volumes") or []
     if not isinstance(volumes, list):
@@ -139,7 +135,7 @@ def already_injected(view: PodView, recorded: bool) -> bool:
     volume = any(isinstance(v, dict) and v.get("name") == VOLUME_NAME for v in volumes)
     if (container or volume) and not (recorded and container and volume):
         taken = PULLER_NAME if container else VOLUME_NAME
-        raise NameClash(f"the name {taken} is already used by the pod")
+        raise Undecidable(f"the name {taken} is already used by the pod")
     return container and volume
 
 
@@ -219,11 +215,8 @@ def plan_puller(
         return _skip("pod-opt-out")
     if settings.scope == "copilot" and not is_copilot:
         return _skip("not-copilot")
-    try:
-        if already_injected(view, recorded):
-            return _skip("already-injected")
-    except NameClash as exc:
-        raise Undecidable(str(exc)) from None
+    if already_injected(view, recorded):
+        return _skip("already-injected")
     level = facts.cluster.pod_security_level
     if level in ("baseline", "restricted"):
         return _skip("pod-security", f"no image puller: Pod Security {level!r} forbids its hostPath socket volume")

@@ -50,11 +50,9 @@ class Runtime(NamedTuple):
     source: str  # which node or rule decided, for previews and audit
 
 
-def socket_of(
-    facts: NodeFacts | tuple[str | None, str | None, str | None], settings: ImagePullerSettings
-) -> tuple[str, str]:
-    """(socket, client) for a node of a known flavour."""
-    flavour, cri_socket, distro = facts[0], facts[1], facts[2]
+def socket_of(group: tuple[str | None, str | None, str | None], settings: ImagePullerSettings) -> tuple[str, str]:
+    """(socket, client) for a node's runtime group (NodeFacts.group) of a known flavour."""
+    flavour, cri_socket, distro = group
     assert flavour is not None
     if cri_socket:
         # With dockershim gone, a kubeadm docker node's CRI socket is cri-dockerd's: speak CRI to it.
@@ -63,12 +61,16 @@ def socket_of(
         return K3S_SOCKET, "crictl"
     if distro == "microk8s" and flavour == "containerd":
         return MICROK8S_SOCKET, "crictl"
+    return _default(flavour, settings)
+
+
+def _default(flavour: str, settings: ImagePullerSettings) -> tuple[str, str]:
+    """The configured socket of a flavour, and the client that speaks its API."""
     return settings.sockets.of(flavour), "docker" if flavour == "docker" else "crictl"
 
 
 def configured(flavour: str, settings: ImagePullerSettings, source: str) -> Runtime:
-    socket = settings.sockets.of(flavour)
-    return Runtime(flavour, socket, "docker" if flavour == "docker" else "crictl", source)
+    return Runtime(flavour, *_default(flavour, settings), source)
 
 
 # --- candidate nodes ---------------------------------------------------------------------------------
