@@ -89,6 +89,13 @@ class FakeAPIServer:
         self.events.append((self.rv, path, kind, obj))
         self.cond.notify_all()
 
+    def save(self, path: str, obj: dict[str, Any], action: str) -> None:
+        """Store a single object at a new resourceVersion (caller holds the lock) and log the write."""
+        self.rv += 1
+        obj["metadata"]["resourceVersion"] = str(self.rv)
+        self.store[path] = obj
+        self.writes.append(f"{action} {path}")
+
     def put(self, path: str, obj: dict[str, Any]) -> None:
         with self.cond:
             exists = obj["metadata"]["name"] in self.objects[path]
@@ -165,10 +172,7 @@ class FakeAPIServer:
                     if path in api.store:
                         self._json(409, {"kind": "Status", "code": 409, "reason": "AlreadyExists"})
                         return
-                    api.rv += 1
-                    body["metadata"]["resourceVersion"] = str(api.rv)
-                    api.store[path] = body
-                    api.writes.append("create " + path)
+                    api.save(path, body, "create")
                 self._json(201, body)
 
             def do_PUT(self) -> None:
@@ -182,10 +186,7 @@ class FakeAPIServer:
                     if body["metadata"].get("resourceVersion") != current["metadata"]["resourceVersion"]:
                         self._conflict("the object has been modified; please apply your changes to the latest version")
                         return
-                    api.rv += 1
-                    body["metadata"]["resourceVersion"] = str(api.rv)
-                    api.store[path] = body
-                    api.writes.append("update " + path)
+                    api.save(path, body, "update")
                 self._json(200, body)
 
             def do_GET(self) -> None:
@@ -291,10 +292,7 @@ class FakeAPIServer:
                         status = {"kind": "Status", "code": 422, "reason": "Invalid", "message": str(exc)}
                         self._json(422, status)
                         return
-                    api.rv += 1
-                    patched["metadata"]["resourceVersion"] = str(api.rv)
-                    api.store[path] = patched
-                    api.writes.append("patch " + path)
+                    api.save(path, patched, "patch")
                 self._json(200, patched)
 
             def _chunk(self, data: bytes) -> None:
