@@ -43,7 +43,8 @@ class Server:
         return self.workdir / "ca.crt"
 
     def client(self, **kwargs: object) -> httpx.Client:
-        return httpx.Client(base_url=self.url, verify=client_context(self.ca), timeout=10, **kwargs)  # type: ignore[arg-type]
+        options: dict[str, object] = {"timeout": 10, **kwargs}
+        return httpx.Client(base_url=self.url, verify=client_context(self.ca), **options)  # type: ignore[arg-type]
 
     def output(self) -> str:
         return self.log.read_text()
@@ -72,6 +73,7 @@ def running_server(
     extra = env or {}
     env = {k: v for k, v in os.environ.items() if not k.startswith("COPILOT_WEBHOOK_") and k != "KUBECONFIG"}
     env["HOME"] = str(workdir)  # no stray ~/.kube/config: cluster access only where a test configures it
+    env["COPILOT_WEBHOOK_SERVER__DRAIN_SECONDS"] = "0.2"  # a short drain at every stop; the drain test sets its own
     env.update(extra)
     with log.open("wb") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)

@@ -134,7 +134,7 @@ def test_runtime_query_is_reported() -> None:
         ),
         (b"a: [1, 2\n", "application/yaml", "", 400, "body is not valid YAML"),
         (b"", "application/yaml", "", 400, "body holds no object"),
-        (b"- 1\n- 2\n", "application/yaml", "", 400, "expected a Kubernetes object, got list"),
+        (b"- 1\n- 2\n", "application/yaml", "", 400, "expected a Kubernetes object, got array"),
         (b"kind: Pod\nspec: {containers: 3}\n", "application/yaml", "", 400, "spec.containers must be an array"),
         (b"\xff\xfe", "application/yaml", "", 400, "not UTF-8"),
         (b"a: &x [1]\nb: *x\n", "application/yaml", "", 400, "YAML aliases are not accepted"),

@@ -17,9 +17,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
+
+from webhook.documents import DocumentError, decode_text, load_yaml_documents
 
 ENV_PREFIX = "COPILOT_WEBHOOK_"
 CONFIG_ENV = "COPILOT_WEBHOOK_CONFIG"
@@ -58,6 +59,14 @@ class ServerSettings(_Section):
     # object and oldObject. We follow it.
     max_body_bytes: int = Field(default=7 * 1024 * 1024, ge=1024)
     deadline_seconds: float = Field(default=2.0, gt=0, le=30)
+    # A connection that sends no request for this long is closed: before its first request as well as
+    # between requests (the API server reopens one in a handshake).
+    idle_timeout_seconds: float = Field(default=5.0, gt=0, le=300)
+    # The API servers of a large control plane hold tens of connections each; an idle TLS connection
+    # costs about 42 KB, so 1,024 of them stay well inside the chart's memory limit.
+    max_connections: int = Field(default=1024, ge=1, le=65536)
+    # After SIGTERM: answer for this long with readyz 503 and `Connection: close`, then stop accepting.
+    drain_seconds: float = Field(default=2.0, ge=0, le=60)
 
     @field_validator("tls_min_version", mode="before")
     @classmethod
@@ -68,6 +77,10 @@ class ServerSettings(_Section):
 
 class PreviewSettings(_Section):
     enabled: bool = True
+    # Previews run beside admission, off the event loop, one at a time by default; a larger body than
+    # this is refused before it is read (planning and rendering 1 MiB of YAML takes about a second).
+    max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
+    concurrency: int = Field(default=1, ge=1, le=8)
 
 
 Flavour = Literal["docker", "containerd", "cri-o"]
@@ -210,16 +223,24 @@ def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
                 )
             path.append(key)
             if i == len(parts) - 1:
-                try:
-                    node[key] = yaml.safe_load(raw) if raw != "" else ""
-                except yaml.YAMLError:
-                    node[key] = raw
+                node[key] = _scalar(raw)
             else:
                 node = node.setdefault(key, {})
                 field = model.model_fields[_snake(model, key)] if model else None
                 annotation = field.annotation if field else None
                 model = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
     return overrides
+
+
+def _scalar(raw: str) -> Any:
+    """An environment value read as YAML (`true`, `3`, `[a, b]`), or as the plain string when it is not YAML."""
+    if raw == "":
+        return ""
+    try:
+        docs = load_yaml_documents(raw)
+    except DocumentError:
+        return raw
+    return docs[0] if len(docs) == 1 else (None if not docs else raw)
 
 
 def _snake(model: type[BaseModel], alias: str) -> str:
@@ -240,14 +261,20 @@ def _merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
+    """The file's one YAML document, read as JSON values only and to a bounded depth (documents.py): whatever
+    its bytes, the answer is a mapping or a ConfigError, so a bad file can never take a running server down."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        raw = Path(path).read_bytes()
     except OSError as exc:
         raise ConfigError(f"config file {str(path)!r} cannot be read: {exc.strerror}") from None
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {str(path)!r} is not valid YAML: {exc}") from None
+        docs = load_yaml_documents(decode_text(raw))
+    except DocumentError as exc:
+        problem = exc if str(exc).startswith("not ") else f"refused: {exc}"
+        raise ConfigError(f"config file {str(path)!r} is {problem}") from None
+    if len(docs) > 1:
+        raise ConfigError(f"config file {str(path)!r} holds {len(docs)} YAML documents; expected one mapping")
+    data = docs[0] if docs else None
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -108,6 +108,16 @@ class Metrics:
             "Unix time at which the first CA of the published caBundle expires.",
             registry=self.registry,
         )
+        self.previews_in_flight = Gauge(
+            "copilot_webhook_previews_in_flight",
+            "Previews being planned and rendered off the event loop (at most preview.concurrency).",
+            registry=self.registry,
+        )
+        self.connections_refused = Counter(
+            "copilot_webhook_connections_refused",
+            "Connections closed on arrival because server.maxConnections were open.",
+            registry=self.registry,
+        )
         self.config_reloads = Counter(
             "copilot_webhook_config_reloads",
             "Configuration reloads from disk, by result.",

@@ -18,10 +18,19 @@ import orjson
 import yaml
 
 from webhook.config import Settings
+from webhook.documents import DocumentError, decode_text, load_json_document, load_yaml_documents
 from webhook.mutation.facts import Facts, RequestFacts
-from webhook.mutation.plan import Plan, plan
-from webhook.mutation.pod import PodShapeError
-from webhook.review import NamespaceFacts, RequestError, decide, no_cluster, read_review, response
+from webhook.mutation.plan import KINDS, Plan
+from webhook.mutation.pod import type_name
+from webhook.review import (
+    NamespaceFacts,
+    RequestError,
+    decide,
+    no_cluster,
+    plan_or_undecided,
+    read_review,
+    response,
+)
 
 OUTPUTS = ("json", "yaml", "patch", "diff")
 RUNTIMES = ("docker", "containerd", "cri-o")
@@ -35,16 +44,6 @@ TEMPLATE_PATHS: dict[str, tuple[str, ...]] = {
 }
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
-
-
-class _NoAliasLoader(yaml.SafeLoader):
-    """YAML aliases let a few hundred bytes expand to gigabytes once serialised; Kubernetes objects never need them."""
-
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        if self.check_event(yaml.AliasEvent):
-            mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]
-            raise yaml.composer.ComposerError(None, None, "YAML aliases are not accepted", mark)
-        return super().compose_node(parent, index)
 
 
 @dataclass(frozen=True)
@@ -77,18 +76,14 @@ def parse_query(params: dict[str, str]) -> Query:
 
 
 def load_documents(body: bytes, content_type: str) -> list[Any]:
-    if content_type == "application/json":
-        try:
-            return [orjson.loads(body)]
-        except orjson.JSONDecodeError as exc:
-            raise RequestError(400, f"body is not valid JSON: {exc}") from None
+    """JSON values only (no YAML aliases, tags or integers JSON cannot carry), at most MAX_DEPTH deep."""
     try:
-        text = body.decode("utf-8")
-        docs = [d for d in yaml.load_all(text, Loader=_NoAliasLoader) if d is not None]
-    except UnicodeDecodeError:
-        raise RequestError(400, "body is not UTF-8 text") from None
-    except yaml.YAMLError as exc:
-        raise RequestError(400, f"body is not valid YAML: {exc}") from None
+        if content_type == "application/json":
+            docs = [load_json_document(body)]
+        else:
+            docs = load_yaml_documents(decode_text(body))
+    except DocumentError as exc:
+        raise RequestError(400, f"body is {exc}" if str(exc).startswith("not ") else f"body: {exc}") from None
     if not docs:
         raise RequestError(400, "body holds no object; expected a Pod, a workload, an AdmissionReview or a List")
     return docs
@@ -99,7 +94,7 @@ def _is_list(doc: Any) -> bool:
     if not isinstance(doc, dict):
         return False
     kind = doc.get("kind")
-    return kind == "List" or (isinstance(kind, str) and kind.endswith("List") and "items" in doc)
+    return isinstance(kind, str) and (kind == "List" or (kind.endswith("List") and "items" in doc))
 
 
 def _objects(docs: list[Any]) -> Iterator[tuple[str, Any]]:
@@ -163,8 +158,10 @@ def _runtime(decided: Plan | None) -> dict[str, Any]:
 
 def preview_one(where: str, obj: Any, settings: Settings, query: Query, namespaces: NamespaceFacts) -> dict[str, Any]:
     if not isinstance(obj, dict):
-        raise RequestError(400, f"{where}: expected a Kubernetes object, got {type(obj).__name__}")
+        raise RequestError(400, f"{where}: expected a Kubernetes object, got {type_name(obj)}")
     kind = obj.get("kind")
+    if not isinstance(kind, str):
+        raise RequestError(400, f"{where}: kind must be a string such as Pod or Deployment, got {type_name(kind)}")
     if kind == "AdmissionReview":
         review = read_review(obj)
         request = review.request
@@ -195,11 +192,8 @@ def preview_one(where: str, obj: Any, settings: Settings, query: Query, namespac
             f"({', '.join(TEMPLATE_PATHS)}), nor an AdmissionReview",
         )
     namespace = _namespace(obj, query)
-    try:
-        facts = Facts(RequestFacts(namespace, True, query.runtime, query.node), namespaces(namespace))
-        decided = plan(pod, facts, settings)
-    except PodShapeError as exc:
-        raise RequestError(400, f"{where}: {exc}") from None
+    facts = Facts(RequestFacts(namespace, True, query.runtime, query.node), namespaces(namespace))
+    decided = plan_or_undecided(pod, facts, settings, KINDS, where)
     return _entry(kind, obj, decided, prefix, settings, query)
 
 

@@ -121,12 +121,19 @@ def decide(
     pod = request.get("object")
     if type(pod) is not dict:
         raise RequestError(400, f"AdmissionReview.request.object must be a Pod object, got {type_name(pod)}")
+    facts = request_facts(request, pod, namespaces, runtime, node)
+    return plan_or_undecided(pod, facts, settings, kinds, "AdmissionReview.request.object")
+
+
+def plan_or_undecided(pod: Any, facts: Facts, settings: Settings, kinds: Collection[str], where: str) -> Plan:
+    """The plan; a pod we cannot read is a bad request naming `where`; a bug is logged with its traceback and
+    answered as undecided, so failurePolicy decides and no HTTP error ever answers a well-formed request."""
     try:
-        return plan(pod, request_facts(request, pod, namespaces, runtime, node), settings, kinds)
+        return plan(pod, facts, settings, kinds)
     except PodShapeError as exc:
-        raise RequestError(400, f"AdmissionReview.request.object: {exc}") from None
-    except Exception as exc:  # a bug must not turn into an HTTP error: failurePolicy decides
-        log.exception("planning failed for request %s", request.get("uid"))
+        raise RequestError(400, f"{where}: {exc}") from None
+    except Exception as exc:
+        log.exception("planning failed for %s", where)
         return Plan(undecided=f"internal error ({type(exc).__name__})")
 
 

@@ -6,10 +6,15 @@ races a request: a request sees either the old settings or the new, whole.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
+import signal
 import ssl
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import uvicorn
@@ -17,6 +22,7 @@ import uvicorn
 from webhook.cluster.access import ClusterAccessError, ClusterView, api_client
 from webhook.cluster.certificates import CertificateKeeper, CertificateManager, own_namespace
 from webhook.config import ConfigError, Settings, load_settings
+from webhook.connections import Limits, protocol_class
 from webhook.metrics import Metrics
 from webhook.review import NamespaceFacts, no_cluster
 from webhook.server import Readiness, WebhookApp
@@ -28,13 +34,51 @@ RELOAD_EVERY_TICKS = 10  # uvicorn ticks every 0.1 s
 
 
 class ReloadingServer(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, reload: Callable[[], None]) -> None:
+    """uvicorn's server, plus file reloads (every second, and at once on SIGHUP) and a drain on SIGTERM.
+
+    SIGTERM or SIGINT first drains for `server.drainSeconds`: readyz answers 503, every answer says
+    `Connection: close`, and requests keep being served; then uvicorn stops accepting and finishes what is
+    in flight (connections.py gives idle ones a moment to deliver a request already sent). A second signal
+    stops at once.
+    """
+
+    def __init__(
+        self, config: uvicorn.Config, reload: Callable[[], None], limits: Limits, drain_seconds: float
+    ) -> None:
         super().__init__(config)
         self._reload = reload
+        self._limits = limits
+        self._drain_seconds = drain_seconds
+        self._drain_until: float | None = None
+        self._reload_now = False
+
+    def request_reload(self, _signal: int, _frame: FrameType | None) -> None:
+        self._reload_now = True
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self._drain_until is not None or self._drain_seconds == 0:
+            super().handle_exit(sig, frame)
+            return
+        self._captured_signals.append(sig)  # uvicorn re-raises it at exit, so the exit status says why
+        self._limits.draining = True
+        self._drain_until = time.monotonic() + self._drain_seconds
+        log.info(
+            "%s: draining for %g s (readyz answers 503, answers close their connection), then stopping",
+            signal.Signals(sig).name,
+            self._drain_seconds,
+        )
 
     async def on_tick(self, counter: int) -> bool:
-        if counter % RELOAD_EVERY_TICKS == 0:
-            self._reload()
+        if counter % RELOAD_EVERY_TICKS == 0 or self._reload_now:
+            if self._reload_now:
+                log.info("SIGHUP: reloading the configuration and certificate files now")
+            self._reload_now = False
+            try:
+                self._reload()
+            except Exception:  # a reload must never stop the server; the last good state stays in force
+                log.exception("reload failed; the previous configuration and certificate stay in force")
+        if self._drain_until is not None and time.monotonic() >= self._drain_until:
+            self.should_exit = True
         return await super().on_tick(counter)
 
 
@@ -61,7 +105,7 @@ class Reloader:
         self._config_stamp = stamp
         try:
             new = load_settings(self.config_file, overrides=self.overrides)
-        except ConfigError as exc:
+        except (ConfigError, RecursionError, MemoryError) as exc:
             log.error("new configuration in %s refused, the previous one stays in force: %s", self.config_file, exc)
             self.app.metrics.config_reloads.labels("refused").inc()
             return
@@ -110,7 +154,10 @@ def serve(
     except ClusterAccessError as exc:
         log.error("%s", exc)
         return 1
-    readiness: list[Readiness] = [tls.readiness]
+    limits = Limits(
+        server_settings.max_connections, server_settings.idle_timeout_seconds, metrics.connections_refused.inc
+    )
+    readiness: list[Readiness] = [limits.readiness, tls.readiness]
     namespaces: NamespaceFacts = no_cluster
     view = None
     if api is not None:
@@ -128,7 +175,8 @@ def serve(
         host=server_settings.host,
         port=server_settings.port,
         ssl_context_factory=lambda _config, _default: tls.context,
-        http="httptools",
+        http=protocol_class(limits),
+        timeout_keep_alive=math.ceil(server_settings.idle_timeout_seconds),
         lifespan="off",
         access_log=False,
         server_header=False,
@@ -136,7 +184,9 @@ def serve(
         # Endpoints are removed from the Service before SIGTERM reaches us (preStop); finish what is in flight.
         timeout_graceful_shutdown=10,
     )
-    server = ReloadingServer(config, Reloader(app, tls, config_file, overrides))
+    server = ReloadingServer(config, Reloader(app, tls, config_file, overrides), limits, server_settings.drain_seconds)
+    with contextlib.suppress(ValueError):  # only the main thread may set handlers (tests run serve in threads)
+        signal.signal(signal.SIGHUP, server.request_reload)
     log.info(
         "serving https://%s:%d (mode %s, ptrace.mode %s)",
         server_settings.host,

@@ -9,9 +9,11 @@ layer cost a third of our throughput in the load benchmark (README, Performance)
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -63,7 +65,11 @@ _RESULTS = {
     408: "timeout",
     413: "too_large",
     415: "unsupported_media_type",
+    503: "busy",
 }
+
+
+_RETRY_AFTER = ((b"retry-after", b"1"),)
 
 
 class ClientGone(Exception):
@@ -101,6 +107,18 @@ def _header(scope: Scope, name: bytes) -> str | None:
     return None
 
 
+def _route_path(scope: Scope) -> str:
+    """The path to route on: the target exactly as sent. A percent-encoded path (`/%6dutate`) or an
+    absolute-form target is never what an API server sends; routing them as their decoded path would let
+    one resource answer to many names, so they match no route."""
+    path: str = scope["path"]
+    raw = scope.get("raw_path")
+    if raw is None:
+        return path
+    raw = raw.split(b"?", 1)[0]
+    return path if raw == path.encode("latin-1", "replace") else raw.decode("latin-1")
+
+
 def media_type(scope: Scope) -> str:
     raw = _header(scope, b"content-type") or ""
     return raw.split(";", 1)[0].strip().lower()
@@ -121,17 +139,21 @@ class WebhookApp:
         self.namespaces = namespaces
         self.readiness = list(readiness)
         self._latency = {path: self.metrics.latency.labels(path) for path in (*ROUTES, "unknown")}
+        # Sized once: preview.concurrency takes effect at the next start.
+        self._preview_slots = settings.preview.concurrency
+        self._preview_pool = ThreadPoolExecutor(self._preview_slots, thread_name_prefix="preview")
+        self._previews_running = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return
         started = time.perf_counter()
-        path = scope["path"]
+        path = _route_path(scope)
         endpoint = path if path in ROUTES else "unknown"
         try:
             answer = await self._route(scope, receive, path)
         except RequestError as exc:
-            answer = error(exc.status, exc.message)
+            answer = error(exc.status, exc.message, _RETRY_AFTER if exc.status == 503 else ())
         except ClientGone:
             self.metrics.request(endpoint, "client_gone").inc()
             return
@@ -175,44 +197,37 @@ class WebhookApp:
             return Answer(503, orjson.dumps({"status": "not ready", "reasons": reasons}), result="not_ready")
         return Answer(200, b'{"status":"ready"}')
 
-    async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
-        limit = self.settings.server.max_body_bytes
+    async def _read_body(self, scope: Scope, receive: Receive, limit: int, limit_name: str) -> bytes:
         declared = _header(scope, b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise RequestError(413, f"body of {declared} bytes is over server.maxBodyBytes ({limit})")
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientGone
-        body: bytes = message.get("body", b"")
-        if message.get("more_body"):
-            # Only a body that arrives in pieces can stall; the API server gives up at timeoutSeconds,
-            # so we stop waiting at server.deadlineSeconds and say so.
-            chunks = [body]
-            size = len(body)
-            deadline = self.settings.server.deadline_seconds
-            try:
-                async with asyncio.timeout(deadline):
-                    while message.get("more_body"):
-                        message = await receive()
-                        if message["type"] == "http.disconnect":
-                            raise ClientGone
-                        chunk = message.get("body", b"")
-                        size += len(chunk)
-                        if size > limit:
-                            raise RequestError(413, f"body is over server.maxBodyBytes ({limit})")
-                        chunks.append(chunk)
-            except TimeoutError:
-                raise RequestError(408, f"body not received within server.deadlineSeconds ({deadline:g} s)") from None
-            body = b"".join(chunks)
-        if len(body) > limit:
-            raise RequestError(413, f"body is over server.maxBodyBytes ({limit})")
-        return body
+            raise RequestError(413, f"body of {declared} bytes is over {limit_name} ({limit})")
+        # The API server gives up at timeoutSeconds, so we stop waiting at server.deadlineSeconds and say
+        # so; the deadline covers the whole body, its first byte included.
+        deadline = self.settings.server.deadline_seconds
+        chunks: list[bytes] = []
+        size = 0
+        try:
+            async with asyncio.timeout(deadline):
+                more = True
+                while more:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        raise ClientGone
+                    chunk = message.get("body", b"")
+                    size += len(chunk)
+                    if size > limit:
+                        raise RequestError(413, f"body is over {limit_name} ({limit})")
+                    chunks.append(chunk)
+                    more = message.get("more_body", False)
+        except TimeoutError:
+            raise RequestError(408, f"body not received within server.deadlineSeconds ({deadline:g} s)") from None
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     async def _mutate(self, scope: Scope, receive: Receive, kinds: Sequence[str]) -> Answer:
         kind = media_type(scope)
         if kind != JSON:
             raise RequestError(415, f"Content-Type must be {JSON} (an AdmissionReview), got {kind or 'none'!r}")
-        body = await self._read_body(scope, receive)
+        body = await self._read_body(scope, receive, self.settings.server.max_body_bytes, "server.maxBodyBytes")
         review = read_review(load_json(body))
         settings = self.settings
         decided = decide(review.request, settings, self.namespaces, kinds)
@@ -230,7 +245,18 @@ class WebhookApp:
             raise RequestError(
                 415, f"Content-Type must be {JSON} or application/yaml (text/yaml), got {kind or 'none'!r}"
             )
-        body = await self._read_body(scope, receive)
-        params = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True))
-        content, content_type = previews.preview(body, kind, params, self.settings, self.namespaces)
+        settings = self.settings
+        if self._previews_running >= self._preview_slots:
+            raise RequestError(503, "previews are busy (preview.concurrency); try again in a second")
+        self._previews_running += 1
+        self.metrics.previews_in_flight.inc()
+        try:
+            body = await self._read_body(scope, receive, settings.preview.max_body_bytes, "preview.maxBodyBytes")
+            params = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True))
+            # Off the event loop: admission reviews are answered while a preview is planned and rendered.
+            work = functools.partial(previews.preview, body, kind, params, settings, self.namespaces)
+            content, content_type = await asyncio.get_running_loop().run_in_executor(self._preview_pool, work)
+        finally:
+            self._previews_running -= 1
+            self.metrics.previews_in_flight.dec()
         return Answer(200, content, content_type)

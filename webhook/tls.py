@@ -1,9 +1,9 @@
 """The server's TLS context, reloaded in place when the certificate files change on disk.
 
 Kubernetes updates a mounted Secret by swapping a symlink, so a change shows as a new inode, size or
-mtime of the file the path resolves to. A new pair is loaded into a scratch context first: a half-written
-or mismatched pair is refused (and logged) while the old one keeps serving. Loading into the live
-context only affects handshakes that start afterwards; connections in flight keep their session.
+mtime of the file the path resolves to. A new pair is loaded into a fresh context: a half-written or
+mismatched pair is refused (and logged) while the old one keeps serving. Only handshakes that start
+afterwards use the new context; connections in flight keep their session.
 """
 
 from __future__ import annotations
@@ -44,19 +44,15 @@ class TLSFiles:
     min_version: str = "1.2"
 
 
-def _configure(context: ssl.SSLContext, files: TLSFiles) -> None:
-    context.load_cert_chain(files.cert, files.key)
-    if files.client_ca:
-        context.load_verify_locations(cafile=files.client_ca)
-
-
 def new_context(files: TLSFiles) -> ssl.SSLContext:
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = _VERSIONS[files.min_version]
     context.set_alpn_protocols(["http/1.1"])  # HTTP/1.1 only (spec 2)
     if files.client_ca:
         context.verify_mode = ssl.CERT_REQUIRED
-    _configure(context, files)
+    context.load_cert_chain(files.cert, files.key)
+    if files.client_ca:
+        context.load_verify_locations(cafile=files.client_ca)
     return context
 
 
@@ -66,13 +62,26 @@ def not_after(cert_path: str) -> datetime:
 
 
 class ReloadingTLS:
-    """One live SSLContext; `reload_if_changed` swaps its certificate when the files change."""
+    """The listener's SSLContext, whose handshakes are handed to the newest context built from the files.
+
+    A reload builds a fresh context from the files alone (`load_verify_locations` on a live context only
+    adds, so a client CA removed from the file would stay trusted) and the listener's context hands every
+    new handshake to it from its SNI callback, which OpenSSL calls for every ClientHello, with or without a
+    server name. Verification then uses the new context's trust store; connections in flight keep theirs.
+    """
 
     def __init__(self, files: TLSFiles) -> None:
         self.files = files
         self._stamp = file_stamp(files.cert, files.key, files.client_ca)
         self.context = new_context(files)
+        self._live = self.context
+        self.context.sni_callback = self._hand_over
         self.expires = not_after(files.cert)
+
+    def _hand_over(self, connection: ssl.SSLObject, _server_name: str | None, context: ssl.SSLContext) -> None:
+        live = self._live
+        if live is not context:
+            connection.context = live
 
     def readiness(self, now: datetime | None = None) -> str | None:
         """Not ready while the served certificate has expired: the API server would refuse every handshake."""
@@ -88,12 +97,12 @@ class ReloadingTLS:
             return None
         self._stamp = stamp
         try:
-            new_context(self.files)  # validate the new pair before touching the live context
+            fresh = new_context(self.files)
             expires = not_after(self.files.cert)
-            _configure(self.context, self.files)
         except (OSError, ssl.SSLError, ValueError) as exc:
             log.error("new certificate in %s refused, still serving the previous one: %s", self.files.cert, exc)
             return False
+        self._live = fresh
         self.expires = expires
         log.info("certificate reloaded from %s (expires %s)", self.files.cert, expires.isoformat())
         return True

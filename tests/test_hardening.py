@@ -1,0 +1,389 @@
+"""The server as an attacker or a bad day in production meets it: garbage configuration files, hostile
+preview bodies, silent and slow clients, too many connections, signals under load, a revoked client CA,
+and request targets no API server sends. Every case ends with the server still serving."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import ssl
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+from cryptography.x509.oid import ExtendedKeyUsageOID
+
+from certs.authority import KeyPair, generate_ca, issue_serving
+from tests.asgi import call, post_json
+from tests.server_process import Server, client_context, running_server
+from tests.support import GOLDEN, eventually, load_yaml, pod, review
+from webhook.config import build_settings
+from webhook.server import WebhookApp
+
+JSON = {"content-type": "application/json"}
+
+
+def _review_bytes(uid: str = "a1b2c3") -> bytes:
+    return orjson.dumps(review(pod("flyte-1.15-bare.yaml"), uid=uid))
+
+
+def _tls(server: Server, timeout: float = 5) -> ssl.SSLSocket:
+    raw = socket.create_connection(("127.0.0.1", server.port), timeout=timeout)
+    return client_context(server.ca).wrap_socket(raw, server_hostname="localhost")
+
+
+def _read_answer(conn: ssl.SSLSocket) -> bytes:
+    """One whole HTTP answer (headers and a Content-Length body), or what came before EOF."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return data
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")
+    )
+    while len(body) < length:
+        chunk = conn.recv(65536)
+        if not chunk:
+            break
+        body += chunk
+    return head + b"\r\n\r\n" + body
+
+
+# --- configuration files that used to kill the server at its next reload ---------------------------------
+
+GARBAGE_CONFIGS = {
+    "not UTF-8": b"ptrace:\n  mode: \xff\xfe drop\n",
+    "nested 5,000 levels": b"ptrace: " + b"[" * 5000 + b"]" * 5000 + b"\n",
+    "binary tag": b"ptrace: !!binary aGVsbG8=\n",
+    "python tag": b"ptrace: !!python/object/apply:os.system [true]\n",
+    "huge integer": b"server:\n  maxBodyBytes: 1" + b"0" * 40 + b"\n",
+    "two documents": b"mode: enforce\n---\nmode: shadow\n",
+}
+
+
+def test_garbage_configuration_files_are_refused_and_the_last_good_one_stays(tls_dir: Path, tmp_path: Path) -> None:
+    with (
+        running_server(tls_dir, tmp_path / "srv", config="ptrace:\n  mode: drop\n") as server,
+        server.client() as client,
+    ):
+        config = server.workdir / "config.yaml"
+        for n, data in enumerate(GARBAGE_CONFIGS.values(), start=1):
+            staged = server.workdir / "config.new"
+            staged.write_bytes(data)
+            staged.replace(config)
+            assert eventually(lambda n=n: server.output().count("refused, the previous one stays in force") >= n)
+            res = client.post("/mutate/ptrace", content=_review_bytes(), headers=JSON)
+            assert res.json()["response"]["auditAnnotations"]["ptrace"] == "drop"
+        assert server.process.poll() is None
+        assert "Traceback" not in server.output()
+        staged.write_text("ptrace:\n  mode: keep\n")
+        staged.replace(config)
+        assert eventually(
+            lambda: (
+                client.post("/mutate/ptrace", content=_review_bytes(), headers=JSON).json()["response"][
+                    "auditAnnotations"
+                ]["ptrace"]
+                == "keep"
+            )
+        ), "a good file after the garbage is applied"
+
+
+@pytest.mark.parametrize("name", sorted(GARBAGE_CONFIGS))
+def test_garbage_configuration_at_start_exits_2_with_a_message(name: str, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    path = tmp_path / "config.yaml"
+    path.write_bytes(GARBAGE_CONFIGS[name])
+    done = subprocess.run(
+        [sys.executable, "-m", "webhook", "config", "show", "--config", str(path)], capture_output=True, timeout=60
+    )
+    assert done.returncode == 2
+    assert b"Traceback" not in done.stderr
+    assert str(path).encode() in done.stderr or b"maxBodyBytes" in done.stderr
+
+
+# --- /preview bodies that used to answer 500 ---------------------------------------------------------------
+
+DEEP = 300
+HOSTILE_PREVIEWS = [
+    (orjson.dumps({"kind": []}), "application/json", "kind must be a string"),
+    (orjson.dumps({"kind": {"a": 1}, "spec": {}}), "application/json", "kind must be a string"),
+    (b'{"kind":"Pod","spec":{"containers":[],"x":' + b"[" * DEEP + b"]" * DEEP + b"}}", "application/json", "deeper"),
+    (b'{"kind":"Pod","spec":{"containers":[],"x":' + b"[" * 900 + b"]" * 900 + b"}}", "application/json", "deeper"),
+    (b"kind: Pod\nspec:\n  containers: []\n  x: " + b"[" * 500 + b"]" * 500 + b"\n", "application/yaml", "deeper"),
+    (b"kind: Pod\nspec: {containers: [], x: 123456789012345678901234567890}\n", "application/yaml", "64 bits"),
+    (b'{"kind":"Pod","spec":{"containers":[],"x":123456789012345678901234567890}}', "application/json", "64 bits"),
+    (b"kind: Pod\nspec: {containers: [], x: !!binary aGVsbG8=}\n", "application/yaml", "!!binary"),
+    (b"kind: Pod\nspec: {containers: [], x: !!set {a, b}}\n", "application/yaml", "!!set"),
+    (b"kind: Pod\nspec: {containers: [], x: .inf}\n", "application/yaml", "not a number JSON can carry"),
+    (b"kind: Pod\nspec: {containers: [], 1: a}\n", "application/yaml", "is not a string"),
+    (b'{"kind":"Pod","spec":{"containers":[]},"spec":{}}', "application/json", "duplicate key 'spec'"),
+    (b"kind: Pod\nkind: Deployment\n", "application/yaml", "duplicate key 'kind'"),
+    (b"- " * 40 + b"x\n", "text/yaml", "expected a Kubernetes object"),
+]
+
+
+@pytest.mark.parametrize(("body", "content_type", "message"), HOSTILE_PREVIEWS)
+def test_hostile_previews_are_400_naming_the_problem(body: bytes, content_type: str, message: str) -> None:
+    app = WebhookApp(build_settings({}))
+    res = call(app, "POST", "/preview", body, content_type=content_type)
+    assert res.status_code == 400, res.text
+    assert message in res.json()["error"]
+    assert call(app, "GET", "/healthz").status_code == 200
+
+
+def test_an_unquoted_date_stays_a_string_as_kubernetes_reads_it() -> None:
+    body = b"kind: Pod\nmetadata: {name: p, annotations: {since: 2026-11-30}}\nspec: {containers: [{name: a}]}\n"
+    res = call(WebhookApp(build_settings({})), "POST", "/preview", body, content_type="application/yaml")
+    assert res.status_code == 200
+    assert res.json()["object"]["metadata"]["annotations"] == {"since": "2026-11-30"}
+
+
+def test_previews_over_their_own_body_limit_are_413_before_reading() -> None:
+    app = WebhookApp(build_settings({"preview": {"maxBodyBytes": 4096}}))
+    body = orjson.dumps({"kind": "Pod", "metadata": {"annotations": {"a": "x" * 5000}}, "spec": {"containers": []}})
+    res = call(app, "POST", "/preview", body, content_type="application/json")
+    assert res.status_code == 413
+    assert "preview.maxBodyBytes (4096)" in res.json()["error"]
+    review_body = orjson.dumps(review({**pod("flyte-1.15-bare.yaml"), "x": "y" * 5000}))
+    assert post_json(app, "/mutate", orjson.loads(review_body)).status_code == 200, "admission keeps its own limit"
+
+
+# --- request targets and duplicate keys ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("target", [b"/%6dutate", b"/mutate%2Fptrace", b"https://webhook/mutate", b"//mutate"])
+def test_targets_an_api_server_never_sends_are_not_routed(server: Server, target: bytes) -> None:
+    with _tls(server) as conn:
+        body = _review_bytes()
+        conn.sendall(
+            b"POST " + target + b" HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n"
+            b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+        )
+        answer = _read_answer(conn)
+    assert answer.startswith(b"HTTP/1.1 404"), answer[:200]
+    assert b'"error"' in answer
+
+
+def test_duplicate_keys_in_a_review_take_the_last_value_as_the_api_servers_decoder_does(server: Server) -> None:
+    """An API server never sends them (it serialises the object it decoded). Go's decoder and ours both keep
+    the last value, so the uid echoed is the one a client that sent it would match; refusing them would
+    cost a second parse (~40 us, 13% of a review) on every admission."""
+    body = _review_bytes().replace(b'"uid":"a1b2c3"', b'"uid":"first","uid":"second"')
+    with server.client() as client:
+        res = client.post("/mutate", content=body, headers=JSON)
+    assert res.status_code == 200
+    assert res.json()["response"]["uid"] == "second"
+
+
+# --- time and connections --------------------------------------------------------------------------------------
+
+LIMITS = "server:\n  deadlineSeconds: 0.5\n  idleTimeoutSeconds: 0.5\n  maxConnections: 8\n"
+
+
+@pytest.fixture(scope="module")
+def server(tls_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Server:
+    with running_server(tls_dir, tmp_path_factory.mktemp("hardening"), config=LIMITS) as running:
+        yield running  # type: ignore[misc]
+
+
+def test_a_body_that_never_starts_is_answered_408(server: Server) -> None:
+    with _tls(server) as conn:
+        conn.sendall(
+            b"POST /mutate HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n"
+        )
+        answer = _read_answer(conn)
+    assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+    assert b"server.deadlineSeconds (0.5 s)" in answer
+
+
+def test_a_silent_connection_is_closed_after_the_idle_timeout(server: Server) -> None:
+    with _tls(server) as conn:
+        conn.settimeout(5)
+        started = time.monotonic()
+        assert conn.recv(1) == b"", "the server closes a connection that sends no request"
+        assert time.monotonic() - started < 4
+
+
+def test_connections_over_the_bound_are_closed_and_the_others_served(server: Server) -> None:
+    held = [_tls(server) for _ in range(8)]
+    try:
+        extra = _tls(server)
+        extra.settimeout(3)
+        try:
+            extra.sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+            refused = extra.recv(100) == b""
+        except (ConnectionError, ssl.SSLError):
+            refused = True
+        extra.close()
+        assert refused, "the ninth connection is closed without an answer"
+    finally:
+        for conn in held:
+            conn.close()
+    with server.client() as client:
+        assert eventually(lambda: client.get("/healthz").status_code == 200)
+    assert "over server.maxConnections (8)" in server.output()
+
+
+def test_admission_is_answered_while_a_preview_runs_and_a_second_preview_is_told_to_retry(server: Server) -> None:
+    """Previews run off the event loop: a review sent after a large preview started is answered before it."""
+    big = load_yaml(GOLDEN / "many-containers-100.yaml")
+    body = orjson.dumps({"apiVersion": "v1", "kind": "List", "items": [big] * 12})
+    finished: dict[str, float] = {}
+    statuses: list[int] = []
+
+    def preview() -> None:
+        with server.client(timeout=60) as client:
+            statuses.append(client.post("/preview?output=diff", content=body, headers=JSON).status_code)
+        finished["preview"] = time.monotonic()
+
+    thread = threading.Thread(target=preview)
+    thread.start()
+    with server.client() as client:
+        assert eventually(lambda: "preview" in client.get("/metrics").text and _previews_in_flight(client))
+        busy = client.post("/preview", content=orjson.dumps(pod("flyte-1.15-bare.yaml")), headers=JSON)
+        assert busy.status_code == 503
+        assert busy.headers["retry-after"] == "1"
+        assert "preview.concurrency" in busy.json()["error"]
+        res = client.post("/mutate", content=_review_bytes(), headers=JSON)
+        finished["mutate"] = time.monotonic()
+        assert res.status_code == 200
+    thread.join()
+    assert statuses == [200]
+    assert finished["mutate"] < finished["preview"]
+
+
+def _previews_in_flight(client: httpx.Client) -> bool:
+    line = next(
+        (ln for ln in client.get("/metrics").text.splitlines() if ln.startswith("copilot_webhook_previews_in_flight ")),
+        "copilot_webhook_previews_in_flight 0",
+    )
+    return float(line.split()[1]) >= 1
+
+
+# --- signals -----------------------------------------------------------------------------------------------------
+
+
+def test_sigterm_under_load_loses_no_request(tls_dir: Path, tmp_path: Path) -> None:
+    """Closed-loop clients on keep-alive connections count every request written and every answer read.
+    After SIGTERM the server drains (readyz 503, answers close their connection), then stops accepting:
+    a client that can no longer connect has sent nothing, and nothing sent goes unanswered."""
+    env = {"COPILOT_WEBHOOK_SERVER__DRAIN_SECONDS": "1.5"}
+    with running_server(tls_dir, tmp_path / "srv", env=env) as server:
+        sent, answered, closes = [0], [0], [0]
+        lock = threading.Lock()
+        stop = threading.Event()
+        ready_during_drain: list[int] = []
+
+        def client(n: int) -> None:
+            conn: ssl.SSLSocket | None = None
+            i = 0
+            while not stop.is_set():
+                if conn is None:
+                    try:
+                        conn = _tls(server, timeout=10)
+                    except (OSError, ssl.SSLError):
+                        return  # nothing sent on a connection that could not be made
+                body = _review_bytes(uid=f"c{n}-{i}")
+                i += 1
+                request = (
+                    b"POST /mutate HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: "
+                    + str(len(body)).encode()
+                    + b"\r\n\r\n"
+                    + body
+                )
+                try:
+                    conn.sendall(request)
+                except (OSError, ssl.SSLError):
+                    conn.close()
+                    conn = None
+                    continue  # the write failed: the server had closed an idle connection before it
+                with lock:
+                    sent[0] += 1
+                answer = _read_answer(conn)
+                if answer.startswith(b"HTTP/1.1 200") and f'"uid":"c{n}-{i - 1}"'.encode() in answer:
+                    with lock:
+                        answered[0] += 1
+                if b"connection: close" in answer.lower() or not answer:
+                    closes[0] += 1
+                    conn.close()
+                    conn = None
+            if conn is not None:
+                conn.close()
+
+        threads = [threading.Thread(target=client, args=(n,)) for n in range(6)]
+        for t in threads:
+            t.start()
+        time.sleep(1.0)
+        before = sent[0]
+        server.process.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        try:
+            with httpx.Client(verify=client_context(server.ca), timeout=5) as probe:
+                ready_during_drain.append(probe.get(server.url + "/readyz").status_code)
+        except httpx.HTTPError:
+            ready_during_drain.append(-1)
+        server.process.wait(timeout=20)
+        stop.set()
+        for t in threads:
+            t.join(timeout=20)
+        assert before > 20, "the load ran before the signal"
+        assert sent[0] > before, "requests kept being served during the drain"
+        assert answered[0] == sent[0], f"{sent[0] - answered[0]} of {sent[0]} requests sent were never answered"
+        assert closes[0] > 0, "answers during the drain close their connection"
+        assert ready_during_drain == [503]
+        assert server.process.returncode == -signal.SIGTERM
+        assert "Traceback" not in server.output()
+
+
+def test_sighup_reloads_at_once_and_keeps_serving(tls_dir: Path, tmp_path: Path) -> None:
+    with (
+        running_server(tls_dir, tmp_path / "srv", config="ptrace:\n  mode: add\n") as server,
+        server.client() as client,
+    ):
+        server.process.send_signal(signal.SIGHUP)
+        assert eventually(lambda: "SIGHUP: reloading" in server.output())
+        assert server.process.poll() is None
+        assert client.get("/healthz").status_code == 200
+
+
+# --- client CA replaced ----------------------------------------------------------------------------------------
+
+
+def _client_files(tmp_path: Path, ca: KeyPair, name: str) -> tuple[Path, Path]:
+    leaf = issue_serving(ca, [name], usage=ExtendedKeyUsageOID.CLIENT_AUTH)
+    cert, key = tmp_path / f"{name}.crt", tmp_path / f"{name}.key"
+    cert.write_bytes(leaf.cert_pem)
+    key.write_bytes(leaf.key_pem)
+    return cert, key
+
+
+def test_a_client_ca_removed_from_the_file_is_no_longer_trusted(tls_dir: Path, tmp_path: Path) -> None:
+    old_ca, new_ca = generate_ca("old client CA"), generate_ca("new client CA")
+    old_client = _client_files(tmp_path, old_ca, "old-client")
+    new_client = _client_files(tmp_path, new_ca, "new-client")
+    bundle = tmp_path / "client-ca.crt"
+    bundle.write_bytes(old_ca.cert_pem + new_ca.cert_pem)
+
+    def status(files: tuple[Path, Path]) -> int:
+        try:
+            with httpx.Client(verify=client_context(server.ca, *files), timeout=5) as client:
+                return client.get(server.url + "/healthz").status_code
+        except (httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError):
+            return 0
+
+    with running_server(tls_dir, tmp_path / "srv", "--client-ca", str(bundle)) as server:
+        assert status(old_client) == 200
+        assert status(new_client) == 200
+        staged = tmp_path / "client-ca.new"
+        staged.write_bytes(new_ca.cert_pem)
+        staged.replace(bundle)
+        assert eventually(lambda: status(old_client) == 0), "the removed CA's client is refused at its next handshake"
+        assert status(new_client) == 200
