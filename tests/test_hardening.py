@@ -127,6 +127,8 @@ HOSTILE_PREVIEWS = [
     (b'{"kind":"Pod","spec":{"containers":[]},"spec":{}}', "application/json", "duplicate key 'spec'"),
     (b"kind: Pod\nkind: Deployment\n", "application/yaml", "duplicate key 'kind'"),
     (b"- " * 40 + b"x\n", "text/yaml", "expected a Kubernetes object"),
+    (b'kind: Pod\nmetadata: {name: "\\ud800"}\nspec: {containers: []}\n', "application/yaml", "lone UTF-16 surrogate"),
+    (b'{"kind":"Pod","metadata":{"name":"\\ud800"},"spec":{"containers":[]}}', "application/json", "not valid JSON"),
 ]
 
 

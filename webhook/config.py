@@ -77,10 +77,12 @@ class ServerSettings(_Section):
 
 class PreviewSettings(_Section):
     enabled: bool = True
-    # Previews run beside admission, off the event loop, one at a time by default; a larger body than
-    # this is refused before it is read (planning and rendering 1 MiB of YAML takes about a second).
+    # Previews run in worker processes beside admission, one at a time by default; a larger body than
+    # this is refused before it is read (1 MiB of YAML takes a few seconds to parse, plan and render),
+    # and a preview still running after timeoutSeconds is stopped.
     max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
     concurrency: int = Field(default=1, ge=1, le=8)
+    timeout_seconds: float = Field(default=10.0, gt=0, le=120)
 
 
 Flavour = Literal["docker", "containerd", "cri-o"]

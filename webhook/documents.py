@@ -79,6 +79,19 @@ def _text(loader: _JSONLoader, node: ScalarNode) -> str:
     return str(loader.construct_scalar(node))
 
 
+def _str(loader: _JSONLoader, node: ScalarNode) -> str:
+    value = str(loader.construct_scalar(node))
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        # "\ud83d\ude00" escapes arrive as two surrogates: join a pair as JSON does, refuse a lone one.
+        try:
+            value = value.encode("utf-16", "surrogatepass").decode("utf-16")
+        except UnicodeDecodeError:
+            raise DocumentError(f"a string (line {node.start_mark.line + 1}) holds a lone UTF-16 surrogate") from None
+    return value
+
+
 def _refuse(_loader: _JSONLoader, node: Node) -> None:
     raise DocumentError(
         f"YAML tag {node.tag.replace('tag:yaml.org,2002:', '!!')} (line {node.start_mark.line + 1}) is not "
@@ -91,7 +104,7 @@ _JSONLoader.yaml_constructors = {
     "tag:yaml.org,2002:bool": yaml.SafeLoader.construct_yaml_bool,
     "tag:yaml.org,2002:int": _int,
     "tag:yaml.org,2002:float": _float,
-    "tag:yaml.org,2002:str": yaml.SafeLoader.construct_yaml_str,
+    "tag:yaml.org,2002:str": _str,
     "tag:yaml.org,2002:timestamp": _text,
     "tag:yaml.org,2002:seq": yaml.SafeLoader.construct_yaml_seq,
     "tag:yaml.org,2002:map": yaml.SafeLoader.construct_yaml_map,

@@ -24,6 +24,7 @@ from webhook.cluster.certificates import CertificateKeeper, CertificateManager, 
 from webhook.config import ConfigError, Settings, load_settings
 from webhook.connections import Limits, protocol_class
 from webhook.metrics import Metrics
+from webhook.previewer import no_cluster_export
 from webhook.review import NamespaceFacts, no_cluster
 from webhook.server import Readiness, WebhookApp
 from webhook.tls import ReloadingTLS, TLSFiles, file_stamp
@@ -169,7 +170,13 @@ def serve(
         metrics.watch_nodes(view.nodes.by_runtime)
     if keeper is not None:
         keeper.start()
-    app = WebhookApp(settings, metrics, namespaces=namespaces, readiness=readiness)
+    app = WebhookApp(
+        settings,
+        metrics,
+        namespaces=namespaces,
+        readiness=readiness,
+        facts_export=view.export if view is not None else no_cluster_export,
+    )
     config = uvicorn.Config(
         app,
         host=server_settings.host,
@@ -197,6 +204,7 @@ def serve(
     try:
         server.run()
     finally:
+        app.previewer.stop()
         if view is not None:
             view.stop()
         if keeper is not None:

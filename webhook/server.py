@@ -19,11 +19,11 @@ from urllib.parse import parse_qsl
 
 import orjson
 
-from webhook import preview as previews
 from webhook.config import Settings
 from webhook.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from webhook.metrics import Metrics
 from webhook.mutation.plan import KINDS, PTRACE, PULLER
+from webhook.previewer import FactsExport, Previewer, PreviewFailed, no_cluster_export
 from webhook.review import (
     NamespaceFacts,
     RequestError,
@@ -133,16 +133,16 @@ class WebhookApp:
         metrics: Metrics | None = None,
         namespaces: NamespaceFacts = no_cluster,
         readiness: Sequence[Readiness] = (),
+        facts_export: FactsExport = no_cluster_export,
     ) -> None:
         self.settings = settings
         self.metrics = metrics or Metrics()
         self.namespaces = namespaces
         self.readiness = list(readiness)
         self._latency = {path: self.metrics.latency.labels(path) for path in (*ROUTES, "unknown")}
-        # Sized once: preview.concurrency takes effect at the next start.
-        self._preview_slots = settings.preview.concurrency
-        self._preview_pool = ThreadPoolExecutor(self._preview_slots, thread_name_prefix="preview")
-        self._previews_running = 0
+        # Sized once: preview.concurrency takes effect at the next start. The threads only wait on the workers.
+        self.previewer = Previewer(settings.preview.concurrency, facts_export)
+        self._preview_waits = ThreadPoolExecutor(settings.preview.concurrency, thread_name_prefix="preview")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -246,17 +246,19 @@ class WebhookApp:
                 415, f"Content-Type must be {JSON} or application/yaml (text/yaml), got {kind or 'none'!r}"
             )
         settings = self.settings
-        if self._previews_running >= self._preview_slots:
+        worker = self.previewer.take()
+        if worker is None:
             raise RequestError(503, "previews are busy (preview.concurrency); try again in a second")
-        self._previews_running += 1
         self.metrics.previews_in_flight.inc()
         try:
             body = await self._read_body(scope, receive, settings.preview.max_body_bytes, "preview.maxBodyBytes")
             params = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True))
-            # Off the event loop: admission reviews are answered while a preview is planned and rendered.
-            work = functools.partial(previews.preview, body, kind, params, settings, self.namespaces)
-            content, content_type = await asyncio.get_running_loop().run_in_executor(self._preview_pool, work)
+            # In a worker process (previewer.py): admission reviews are answered while a preview runs.
+            work = functools.partial(self.previewer.run, worker, body, kind, params, settings)
+            content, content_type = await asyncio.get_running_loop().run_in_executor(self._preview_waits, work)
+        except PreviewFailed as exc:
+            raise RequestError(exc.status, exc.message) from None
         finally:
-            self._previews_running -= 1
+            self.previewer.give_back(worker)
             self.metrics.previews_in_flight.dec()
         return Answer(200, content, content_type)

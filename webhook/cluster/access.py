@@ -13,7 +13,7 @@ from webhook.cluster.labeller import Labeller
 from webhook.cluster.namespaces import NamespaceCache
 from webhook.cluster.nodes import NodeCache
 from webhook.config import ClusterSettings
-from webhook.mutation.facts import ClusterFacts, NodeState
+from webhook.mutation.facts import ClusterFacts, ExportedFacts, NodeState, export_rows
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +77,14 @@ class ClusterView:
         # An unsynced node cache is a decision (spec 1.7: no puller, a warning), never a wait.
         state: NodeState = "synced" if self.nodes.synced else "unsynced"
         return ClusterFacts(self.namespaces.labels(namespace), self.nodes.snapshot, state)
+
+    def export(self, have: int | None) -> ExportedFacts:
+        """The facts as plain data for a preview worker that holds node table `have`."""
+        nodes = self.nodes.snapshot
+        version = self.nodes.version
+        rows = None if have == version else export_rows(nodes.nodes)
+        namespaces = {name: dict(labels) for name, labels in self.namespaces.informer.items.items()}
+        return ExportedFacts(namespaces, "synced" if self.nodes.synced else "unsynced", version, rows)
 
     def readiness(self) -> str | None:
         waiting = [c.informer.name for c in (self.nodes, self.namespaces) if not c.synced]

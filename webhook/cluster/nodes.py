@@ -26,6 +26,7 @@ def project_node(obj: dict[str, Any]) -> NodeFacts:
 class NodeCache:
     def __init__(self, list_call: ListCall, **informer_options: Any) -> None:
         self.snapshot: NodeSnapshot = node_snapshot({})
+        self.version = 0  # counts snapshots, so a preview worker is sent the table only when it changed
         self.listeners: list[Callable[[Mapping[str, NodeFacts]], None]] = []
         self.informer: Informer[NodeFacts] = Informer(
             "node", list_call, project_node, self._changed, **informer_options
@@ -33,6 +34,7 @@ class NodeCache:
 
     def _changed(self, items: Mapping[str, NodeFacts]) -> None:
         self.snapshot = node_snapshot(items)
+        self.version += 1
         for listener in self.listeners:
             listener(items)
 
