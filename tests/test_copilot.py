@@ -9,7 +9,7 @@ import pytest
 from webhook.config import CopilotSettings, build_settings
 from webhook.mutation.copilot import copilot_role, find_copilot, is_ptrace
 from webhook.mutation.facts import Facts, RequestFacts, cluster_facts
-from webhook.mutation.plan import plan
+from webhook.mutation.plan import PTRACE, plan
 from webhook.mutation.pod import PodShapeError, read_pod
 
 FLYTE_IMAGE = "cr.flyte.org/flyteorg/flytecopilot:v1.15.0"
@@ -69,12 +69,24 @@ def test_other_capabilities(name: str) -> None:
 
 
 def _decide(pod: dict[str, Any], labels: dict[str, str] | None = None, **settings: Any) -> Any:
-    return plan(pod, Facts(RequestFacts("ns"), cluster_facts(labels)), build_settings(settings))
+    return plan(pod, Facts(RequestFacts("ns"), cluster_facts(labels)), build_settings(settings), (PTRACE,))
 
 
+OUTPUTS = {"name": "flyte-outputs", "mountPath": "/var/flyte/outputs"}
+UPLOADER = {
+    "name": "flyte-copilot-uploader",
+    "image": FLYTE_IMAGE,
+    "args": ["sidecar", "--from-local-dir", "/var/flyte/outputs"],
+    "volumeMounts": [OUTPUTS],
+}
 LEGACY = (
-    {"name": "main", "image": "python", "securityContext": {"capabilities": {"add": ["SYS_PTRACE"]}}},
-    {"name": "flyte-copilot-uploader", "image": FLYTE_IMAGE},
+    {
+        "name": "main",
+        "image": "python",
+        "securityContext": {"capabilities": {"add": ["SYS_PTRACE"]}},
+        "volumeMounts": [OUTPUTS],
+    },
+    UPLOADER,
 )
 
 
@@ -101,7 +113,7 @@ def test_pod_override_never_escalates_unless_allowed(
 
 
 def test_psa_restricted_namespace_gets_no_ptrace() -> None:
-    pod = _pod({"name": "main", "image": "python"}, {"name": "flyte-copilot-uploader", "image": FLYTE_IMAGE})
+    pod = _pod({"name": "main", "image": "python", "volumeMounts": [OUTPUTS]}, UPLOADER)
     result = _decide(pod, labels={"pod-security.kubernetes.io/enforce": "restricted"})
     assert result.ops == []
     assert "restricted" in result.warnings[0]
@@ -129,3 +141,63 @@ def test_unreadable_pods_are_named(mutate: Any, message: str) -> None:
     mutate(pod)
     with pytest.raises(PodShapeError, match=message):
         _decide(pod, ptrace={"target": "all"})
+
+
+def test_the_primary_is_the_one_regular_container_mounting_the_copilots_data_volume() -> None:
+    secret = {"name": "api-token", "mountPath": "/etc/flyte/secrets"}
+    main = {"name": "main", "image": "python", "volumeMounts": [OUTPUTS, secret]}
+    forwarder = {"name": "log-forwarder", "image": "fluent-bit", "volumeMounts": [secret]}
+    uploader = dict(UPLOADER, volumeMounts=[OUTPUTS, secret])
+    result = _decide(_pod(main, forwarder, uploader))
+    assert [op["path"] for op in result.ops][:1] == ["/spec/containers/0/securityContext"]
+    assert not any("/containers/1/" in op["path"] for op in result.ops), "a shared secret mount is not a data volume"
+
+
+def test_two_containers_mounting_the_data_volume_are_undecidable_never_both() -> None:
+    first = {"name": "a", "image": "python", "volumeMounts": [OUTPUTS]}
+    second = {"name": "b", "image": "python", "volumeMounts": [OUTPUTS]}
+    result = _decide(_pod(first, second, UPLOADER))
+    assert result.ops == []
+    assert result.undecided is not None
+    assert "a, b" in result.undecided
+
+
+def test_the_annotation_names_the_primary_when_present() -> None:
+    pod = _pod({"name": "a", "image": "x"}, {"name": "b", "image": "x"}, UPLOADER, primary_container_name="b")
+    result = _decide(pod)
+    assert next(op["path"] for op in result.ops) == "/spec/containers/1/securityContext"
+
+
+def test_a_downloader_alone_gets_no_capability() -> None:
+    downloader = {
+        "name": "flyte-copilot-downloader",
+        "image": FLYTE_IMAGE,
+        "args": ["download", "--to-local-dir", "/var/flyte/inputs"],
+        "volumeMounts": [{"name": "flyte-inputs", "mountPath": "/var/flyte/inputs"}],
+    }
+    main = {"name": "main", "image": "python", "volumeMounts": [{"name": "flyte-inputs", "mountPath": "/in"}]}
+    result = _decide(_pod(main, init=(downloader,)))
+    assert result.ops == []
+    assert result.audit["ptrace"] == "add:none(no-watcher)"
+
+
+@pytest.mark.parametrize(
+    ("metadata", "owned"),
+    [
+        ({"ownerReferences": [{"apiVersion": "flyte.lyft.com/v1alpha1", "kind": "flyteworkflow", "name": "x"}]}, True),
+        ({"ownerReferences": [{"apiVersion": "flyte.lyft.com/v1alpha1", "kind": "FlyteWorkflow", "name": "x"}]}, True),
+        ({"ownerReferences": [{"apiVersion": "flyte.org/v1", "kind": "TaskAction", "name": "x"}]}, True),
+        ({"labels": {"execution-id": "e", "node-id": "n0"}}, True),
+        ({"labels": {"execution-id": "e"}}, False),
+        ({"ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "x"}]}, False),
+        ({"ownerReferences": "junk"}, False),
+    ],
+)
+def test_flyte_owned_pods_get_drop_without_a_copilot(metadata: dict[str, Any], owned: bool) -> None:
+    pod = _pod({"name": "main", "image": "python", "securityContext": {"capabilities": {"add": ["SYS_PTRACE"]}}})
+    pod["metadata"].update(metadata)
+    dropped = _decide(pod, ptrace={"mode": "drop"})
+    assert bool(dropped.ops) is owned
+    added = _decide(pod)
+    assert added.ops == [], "add never reaches a pod without a copilot"
+    assert "ptrace" not in added.audit

@@ -164,13 +164,19 @@ def test_bad_requests_get_a_json_error_naming_the_problem(
     assert message in res.json()["error"]
 
 
+OUT = {"name": "flyte-outputs", "mountPath": "/out"}
+
+
 @pytest.mark.parametrize(
     ("obj", "message"),
     [
         ("a pod", "request.object must be a Pod object, got string"),
         ({"metadata": {}, "spec": {"containers": {}}}, "spec.containers must be an array, not object"),
         ({"spec": {"containers": [{"name": 3}]}}, r"containers[0].name must be a string"),
-        ({"spec": {"containers": [{"name": "a", "securityContext": []}]}}, "securityContext must be an object"),
+        (
+            {"spec": {"containers": [{"name": "a", "securityContext": [], "volumeMounts": [OUT]}]}},
+            "securityContext must be an object",
+        ),
     ],
 )
 def test_unreadable_pods_in_a_review_are_bad_requests(obj: Any, message: str) -> None:
@@ -178,7 +184,12 @@ def test_unreadable_pods_in_a_review_are_bad_requests(obj: Any, message: str) ->
     data["request"]["object"] = obj
     if isinstance(obj, dict) and "securityContext" in str(obj):
         data["request"]["object"]["spec"]["containers"].append(
-            {"name": "flyte-copilot-uploader", "image": "a/flyteorg/flytecopilot:1"}
+            {
+                "name": "flyte-copilot-uploader",
+                "image": "a/flyteorg/flytecopilot:1",
+                "args": ["sidecar", "--from-local-dir", "/out"],
+                "volumeMounts": [OUT],
+            }
         )
     res = post_json(_app(ptrace={"target": "all"}), "/mutate", data)
     assert res.status_code == 400

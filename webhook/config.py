@@ -44,7 +44,13 @@ class PtraceSettings(_Section):
 class CopilotSettings(_Section):
     name_prefix: str = Field(default="flyte-copilot-", min_length=1)
     commands: tuple[str, ...] = ("/bin/flyte-copilot",)
-    image_patterns: tuple[str, ...] = ("*/flyteorg/flytecopilot:*", "*/flyteorg/flytecopilot@*")
+    # Flyte 2 ships the copilot in its single-binary image (flytek8s/config/config.go@v2.0.43 L38-44).
+    image_patterns: tuple[str, ...] = (
+        "*/flyteorg/flytecopilot:*",
+        "*/flyteorg/flytecopilot@*",
+        "*/flyteorg/flyte-binary-v2:*",
+        "*/flyteorg/flyte-binary-v2@*",
+    )
 
 
 class ServerSettings(_Section):

@@ -1,9 +1,11 @@
 """Finding Flyte copilot containers (spec 1.1) and the SYS_PTRACE policy for their pods (spec 1.2).
 
-Flyte adds the copilot in flyteplugins' `flytek8s/copilot.go`: an init container `<prefix>downloader`,
-and `<prefix>sidecar` (<= 1.13) or `<prefix>uploader` (>= 1.14) as a regular container that watches the
-primary container's process through a shared process namespace, hence SYS_PTRACE (<= 1.15). From 1.16
-the uploader is a native sidecar (init container, restartPolicy: Always) that waits for a signal instead.
+Flyte adds the copilot in flyteplugins' `flytek8s/copilot.go`: an init container `<prefix>downloader`
+when the task has inputs, and when it has outputs `<prefix>sidecar` (<= 1.13) or `<prefix>uploader`
+(>= 1.14) as a regular container that watches the primary container's process through a shared process
+namespace, hence SYS_PTRACE (<= 1.15, which grants it to every copilot task, even one with neither).
+From 1.16 the uploader is a native sidecar (init container, restartPolicy: Always) that waits for a
+signal instead. tests/flyte_source.py rebuilds these pods from the Go code, tag by tag.
 """
 
 from __future__ import annotations
@@ -56,9 +58,18 @@ class Copilot:
     sidecars: tuple[Container, ...]
 
     @property
-    def native(self) -> bool:
-        """Flyte >= 1.16: the uploader runs as a native sidecar and needs no capability."""
-        return any(c.is_init and c.body.get("restartPolicy") == "Always" for c in self.sidecars)
+    def watchers(self) -> tuple[Container, ...]:
+        """The uploader/sidecar running as a regular container (Flyte <= 1.15): the one process that reads
+        the primary's /proc. A native sidecar (>= 1.16) waits for a signal; a downloader watches nothing."""
+        return tuple(c for c in self.sidecars if c.field == "containers")
+
+    @property
+    def legacy(self) -> bool:
+        return bool(self.watchers)
+
+    def why_no_capability(self) -> str:
+        native = any(c.is_init and c.body.get("restartPolicy") == "Always" for c in self.sidecars)
+        return "native-sidecar" if native else "no-watcher"
 
 
 def find_copilot(view: PodView, settings: CopilotSettings) -> Copilot | None:
@@ -140,12 +151,12 @@ def grant(c: Container, why: str) -> list[tuple[Operation, str]]:
     return ops
 
 
-def revoke(c: Container, result: PtraceResult) -> None:
+def revoke(c: Container, result: PtraceResult, why: str = "ptrace.mode drop removes SYS_PTRACE") -> None:
     sc, _caps, added, dropped = _capabilities(c)
     base = c.path + "/securityContext/capabilities"
     for i in reversed(range(len(added or ()))):
         if is_ptrace(added[i]):  # type: ignore[index]
-            result.ops.append((remove(f"{base}/add/{i}"), f"{c.name}: ptrace.mode drop removes SYS_PTRACE"))
+            result.ops.append((remove(f"{base}/add/{i}"), f"{c.name}: {why}"))
     if added and any(name.upper() == "ALL" for name in added) and not any(is_ptrace(d) for d in dropped or ()):
         # "add: [ALL]" grants SYS_PTRACE too; the runtimes apply drops after adds, so dropping it wins.
         why = f"{c.name}: adds ALL capabilities; SYS_PTRACE is dropped explicitly"
@@ -155,19 +166,72 @@ def revoke(c: Container, result: PtraceResult) -> None:
         result.warnings.append(f"container {c.name} is privileged and keeps SYS_PTRACE whatever ptrace.mode says")
 
 
-def primary_containers(view: PodView, copilot: Copilot) -> list[Container]:
-    members = copilot.members
+_LOCAL_DIR_FLAGS = ("--to-local-dir", "--from-local-dir")  # DownloadCommandArgs, SidecarCommandArgs
+
+
+def _mounts(c: Container) -> list[tuple[str, str]]:
+    mounts = c.body.get("volumeMounts")
+    if type(mounts) is not list:
+        return []
+    return [(m["name"], m["mountPath"]) for m in mounts if type(m) is dict and type(m.get("name")) is str]
+
+
+def data_volumes(copilot: Copilot) -> set[str]:
+    """The copilot's data volumes: in each copilot container, the volume mounted at the directory its
+    arguments name (`--to-local-dir` for the downloader, `--from-local-dir` for the uploader). Flyte mounts
+    these in the primary container alone (AddCoPilotToContainer); other mounts a copilot container has (the
+    storage configuration, Flyte's secrets webhook's secrets) are shared with other containers too."""
+    volumes: set[str] = set()
+    for c in copilot.members:
+        args = c.body.get("args")
+        if type(args) is not list:
+            continue
+        dirs = {args[i + 1] for i, a in enumerate(args[:-1]) if a in _LOCAL_DIR_FLAGS and type(args[i + 1]) is str}
+        volumes.update(name for name, path in _mounts(c) if path in dirs)
+    return volumes
+
+
+def primary_container(view: PodView, copilot: Copilot) -> Container:
+    """The container Flyte made primary: named by `primary_container_name` when present (Flyte sets it on
+    single-container pods only), else the one regular container that mounts the copilot's data volumes."""
+    regular = [c for c in view.containers if c.field == "containers" and c not in copilot.members]
     named = view.annotation(PRIMARY_ANNOTATION)
-    regular = [c for c in view.containers if c.field == "containers" and c not in members]
-    if named is None:
-        return regular
-    chosen = [c for c in regular if c.name == named]
-    if not chosen:
-        raise Undecidable(f"{PRIMARY_ANNOTATION} {named!r} names no regular container")
-    return chosen
+    if named is not None:
+        chosen = [c for c in regular if c.name == named]
+        if not chosen:
+            raise Undecidable(f"{PRIMARY_ANNOTATION} {named!r} names no regular container")
+        return chosen[0]
+    volumes = data_volumes(copilot)
+    chosen = [c for c in regular if any(name in volumes for name, _path in _mounts(c))]
+    if len(chosen) != 1:
+        found = ", ".join(c.name for c in chosen) or "none"
+        raise Undecidable(f"no single primary container: mounting the copilot's volumes: {found[:60]}")
+    return chosen[0]
 
 
-def plan_ptrace(view: PodView, copilot: Copilot, settings: PtraceSettings, psa_level: str) -> PtraceResult:
+# The chart's matchConditions test the same owners and labels in CEL; keep the two alike (test_match_conditions).
+_FLYTE_OWNERS = {("flyte.lyft.com", "flyteworkflow"), ("flyte.lyft.com", "FlyteWorkflow"), ("flyte.org", "TaskAction")}
+# flytepropeller's labels on every task pod (compiler/transformers/k8s/workflow.go, nodes/node_exec_context.go).
+_FLYTE_LABELS = ("execution-id", "node-id")
+
+
+def flyte_owned(view: PodView) -> bool:
+    """A pod Flyte created: owned by its workflow resource (FlyteWorkflow; TaskAction in Flyte 2) or
+    carrying flytepropeller's labels. Used to remove a privilege only, so it need not be spoof-proof."""
+    metadata = view.metadata or {}
+    owners = metadata.get("ownerReferences")
+    if type(owners) is list:
+        for owner in owners:
+            if type(owner) is dict and type(owner.get("apiVersion")) is str and type(owner.get("kind")) is str:
+                group = owner["apiVersion"].partition("/")[0]
+                if (group, owner["kind"]) in _FLYTE_OWNERS:
+                    return True
+    labels = metadata.get("labels")
+    return type(labels) is dict and all(key in labels for key in _FLYTE_LABELS)
+
+
+def plan_ptrace(view: PodView, copilot: Copilot | None, settings: PtraceSettings, psa_level: str) -> PtraceResult:
+    """`copilot` is None for a Flyte-owned pod without copilot containers: only `drop` applies to it."""
     result = PtraceResult()
     mode = effective_mode(view, settings, result)
     if mode == "keep":
@@ -177,13 +241,17 @@ def plan_ptrace(view: PodView, copilot: Copilot, settings: PtraceSettings, psa_l
         result.decision = "drop"
         for container in view.containers:
             revoke(container, result)
-        if not copilot.native:
+        if copilot is not None and copilot.legacy:
             result.warnings.append("SYS_PTRACE dropped: a legacy copilot may not see the user process exit")
         if not result.ops:
             result.skip_reason = "already-compliant"
         return result
-    if copilot.native:
-        result.decision, result.skip_reason = "add:none(native-sidecar)", "native-sidecar"
+    if copilot is None:
+        result.decision, result.skip_reason = "keep", "not-copilot"
+        return result
+    if not copilot.legacy:
+        why = copilot.why_no_capability()
+        result.decision, result.skip_reason = f"add:none({why})", why
         return result
     if psa_level in ("baseline", "restricted"):
         result.decision, result.skip_reason = f"add:skipped(pod-security={psa_level})", "pod-security"
@@ -193,14 +261,20 @@ def plan_ptrace(view: PodView, copilot: Copilot, settings: PtraceSettings, psa_l
         return result
     targets: list[tuple[Container, str]] = []
     if settings.target in ("primary", "all"):
-        targets += [(c, "primary container") for c in primary_containers(view, copilot)]
+        targets.append((primary_container(view, copilot), "primary container"))
     if settings.target in ("sidecar", "all"):
-        targets += [(c, "copilot sidecar") for c in copilot.sidecars if not c.is_init]
+        targets += [(c, "copilot watcher") for c in copilot.watchers]
     result.decision = f"add:{settings.target}"
     for container, role in targets:
         result.ops += grant(
             container, f"{container.name}: the {role} gets SYS_PTRACE (ptrace.target {settings.target})"
         )
+    if settings.target == "sidecar":
+        # Least privilege: the watcher reads the primary's /proc, so it alone needs the capability.
+        chosen = {id(c) for c, _role in targets}
+        for container in view.containers:
+            if id(container) not in chosen:
+                revoke(container, result, "ptrace.target sidecar grants SYS_PTRACE to the copilot watcher alone")
     if view.spec.get("shareProcessNamespace") is not True:
         if view.spec.get("hostPID") is True:
             result.warnings.append(
@@ -213,4 +287,4 @@ def plan_ptrace(view: PodView, copilot: Copilot, settings: PtraceSettings, psa_l
     return result
 
 
-__all__ = ["Copilot", "PodShapeError", "Undecidable", "find_copilot", "is_ptrace", "plan_ptrace"]
+__all__ = ["Copilot", "PodShapeError", "Undecidable", "find_copilot", "flyte_owned", "is_ptrace", "plan_ptrace"]

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from webhook.config import Settings
-from webhook.mutation.copilot import PtraceResult, Undecidable, find_copilot, plan_ptrace
+from webhook.mutation.copilot import PtraceResult, Undecidable, find_copilot, flyte_owned, plan_ptrace
 from webhook.mutation.facts import INJECT_LABEL, MODE_LABEL, Facts
 from webhook.mutation.pod import PodView, read_pod
 from webhook.mutation.pointer import Operation, add, join
@@ -104,7 +104,7 @@ def plan(pod: Any, facts: Facts, settings: Settings, kinds: Collection[str] = KI
     # Each kind's operations are computed against the pod as sent; the ptrace operations come first
     # because the puller inserts an init container at index 0, which would shift the paths after it.
     if PTRACE in kinds:
-        if copilot is None:
+        if copilot is None and not flyte_owned(view):
             out.outcomes[PTRACE] = Outcome(False, "not-copilot")
         else:
             try:
@@ -113,7 +113,8 @@ def plan(pod: Any, facts: Facts, settings: Settings, kinds: Collection[str] = KI
                 undecided.append(str(exc))
                 out.outcomes[PTRACE] = Outcome(False, "undecided")
             else:
-                _absorb(out, PTRACE, result, result.decision.split(":")[0], audited=True)
+                audited = result.skip_reason != "not-copilot"
+                _absorb(out, PTRACE, result, result.decision.split(":")[0], audited=audited)
 
     if PULLER in kinds:
         recorded = PULLER in parse_summary(view.annotation(MUTATED_ANNOTATION))

@@ -1,0 +1,116 @@
+"""The chart's CEL matchConditions, evaluated by a CEL library (cel-python) over every golden pod: the API
+server must send each webhook every pod its endpoint would change, so the chart and the server cannot
+disagree. What it does not prove: the Kubernetes CEL environment's cost limits and extension libraries
+(the expressions use only core CEL: has, exists, startsWith, in)."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import celpy
+import pytest
+
+from tests import flyte_source
+from tests.support import GOLDEN, PODS, load_yaml
+from tests.test_chart import render
+from webhook.config import build_settings
+from webhook.mutation.facts import Facts, RequestFacts
+from webhook.mutation.plan import PTRACE, PULLER, plan
+
+HOOKS = {"ptrace.copilot-webhook.io": PTRACE, "image-puller.copilot-webhook.io": PULLER}
+VALUES: dict[str, dict[str, Any]] = {
+    "defaults": {},
+    "drop": {"ptrace": {"mode": "drop"}},
+    "keep": {"ptrace": {"mode": "keep"}},
+    "sidecar": {"ptrace": {"target": "sidecar"}},
+    "override": {"ptrace": {"mode": "keep", "allowPodOverride": True}},
+    "custom-prefix": {"copilot": {"namePrefix": "acme-copilot-", "imagePatterns": ["registry.acme.internal/*"]}},
+}
+
+
+def _pods() -> dict[str, dict[str, Any]]:
+    pods = {f"pods/{p.name}": load_yaml(p) for p in sorted(PODS.glob("*.yaml"))}
+    for path in sorted(GOLDEN.glob("*.yaml")):
+        if not path.name.endswith((".mutated.yaml", ".answer.yaml", ".context.yaml")):
+            pods[path.name] = load_yaml(path)
+    for case, (pod, _header) in flyte_source.cases().items():
+        pods[case] = pod
+    return pods
+
+
+PODS_BY_NAME = _pods()
+
+
+@functools.cache
+def _conditions(variant: str) -> dict[str, Any]:
+    """hook name -> a compiled CEL program, or None where the hook has no matchConditions."""
+    objects = render({**VALUES[variant], "webhook": {"matchConditions": True}})
+    mwc = next(v for k, v in objects.items() if k.startswith("MutatingWebhookConfiguration/"))
+    env = celpy.Environment()
+    programs: dict[str, Any] = {}
+    for hook in mwc["webhooks"]:
+        conditions = hook.get("matchConditions", [])
+        assert len(conditions) <= 1
+        programs[hook["name"]] = env.program(env.compile(conditions[0]["expression"])) if conditions else None
+    return programs
+
+
+def _sent(program: Any, pod: dict[str, Any]) -> bool:
+    if program is None:
+        return True
+    result = program.evaluate({"object": celpy.json_to_cel(pod)})
+    assert isinstance(result, celpy.celtypes.BoolType), f"the expression must yield a boolean, got {result!r}"
+    return bool(result)
+
+
+@pytest.mark.parametrize("variant", sorted(VALUES))
+def test_every_pod_the_server_would_change_is_sent(variant: str) -> None:
+    settings = build_settings(VALUES[variant])
+    programs = _conditions(variant)
+    checked = 0
+    for name, pod in PODS_BY_NAME.items():
+        namespace = pod.get("metadata", {}).get("namespace", "default")
+        for hook, kind in HOOKS.items():
+            if hook not in programs:
+                continue
+            decided = plan(pod, Facts(RequestFacts(namespace)), settings, (kind,))
+            if decided.changes or decided.undecided:
+                checked += 1
+                assert _sent(programs[hook], pod), f"{variant}: {hook} would change {name} but is not sent it"
+    assert checked >= (1 if variant == "custom-prefix" else 40), "the pods exercise both hooks"
+
+
+def test_pods_that_no_hook_would_change_are_not_all_sent() -> None:
+    """The conditions do filter: plain pods are not sent to the SYS_PTRACE webhook."""
+    programs = _conditions("defaults")
+    assert not _sent(programs["ptrace.copilot-webhook.io"], PODS_BY_NAME["pods/plain.yaml"])
+    flyte_none = flyte_source.flyte_pod("1.15", flyte_source.Task(inputs=False, outputs=False))
+    assert _sent(programs["ptrace.copilot-webhook.io"], flyte_none), "a Flyte-owned pod reaches drop"
+    assert not _sent(programs["image-puller.copilot-webhook.io"], flyte_none)
+
+
+def test_the_flyte_owned_clauses_match_the_server_exactly() -> None:
+    base = flyte_source.flyte_pod("1.15", flyte_source.Task(inputs=False, outputs=False))
+    program = _conditions("drop")["ptrace.copilot-webhook.io"]
+    settings = build_settings(VALUES["drop"])
+    variants = {
+        "FlyteWorkflow": {"apiVersion": "flyte.lyft.com/v1alpha1", "kind": "FlyteWorkflow", "name": "x", "uid": "u"},
+        "FLYTEWORKFLOW": {"apiVersion": "flyte.lyft.com/v1alpha1", "kind": "FLYTEWORKFLOW", "name": "x", "uid": "u"},
+        "TaskAction": {"apiVersion": "flyte.org/v1", "kind": "TaskAction", "name": "x", "uid": "u"},
+        "other group": {"apiVersion": "flyte.example.com/v1", "kind": "flyteworkflow", "name": "x", "uid": "u"},
+    }
+    for labels in ({}, {"execution-id": "e"}, {"execution-id": "e", "node-id": "n"}):
+        for owner in variants.values():
+            pod = dict(base, metadata=dict(base["metadata"], labels=labels, ownerReferences=[owner]))
+            changes = bool(plan(pod, Facts(RequestFacts("ns")), settings, (PTRACE,)).changes)
+            assert _sent(program, pod) == changes, (labels, owner)
+
+
+def test_cel_library_is_real() -> None:
+    """A check that can fail: an expression over a missing field errors rather than matching."""
+    env = celpy.Environment()
+    program = env.program(env.compile("object.spec.nodeName == 'n1'"))
+    assert bool(program.evaluate({"object": celpy.json_to_cel({"spec": {"nodeName": "n1"}})}))
+    with pytest.raises(celpy.CELEvalError):
+        program.evaluate({"object": celpy.json_to_cel({"spec": {}})})
