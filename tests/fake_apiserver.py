@@ -32,7 +32,11 @@ def write_kubeconfig(path: Path, url: str) -> Path:
     return path
 
 
-RESOURCES = {"/api/v1/nodes": ("Node", "NodeList"), "/api/v1/namespaces": ("Namespace", "NamespaceList")}
+RESOURCES = {
+    "/api/v1/nodes": ("Node", "NodeList"),
+    "/api/v1/namespaces": ("Namespace", "NamespaceList"),
+    "/api/v1/pods": ("Pod", "PodList"),  # all namespaces; pod names are unique across namespaces in the tests
+}
 
 
 class FakeAPIServer:
@@ -196,15 +200,19 @@ class FakeAPIServer:
                 if url.path in api.store:
                     self._json(200, api.store[url.path])
                     return
-                if url.path not in RESOURCES:
+                path, namespace = url.path, None
+                parts = url.path.split("/")  # /api/v1/namespaces/<ns>/pods: the pods of one namespace
+                if len(parts) == 6 and parts[3] == "namespaces" and parts[5] == "pods":
+                    path, namespace = "/api/v1/pods", parts[4]
+                if path not in RESOURCES:
                     self._json(404, {"kind": "Status", "code": 404})
                     return
                 if query.get("watch") in ("true", "1"):
-                    self._watch(url.path, query)
+                    self._watch(path, query)
                 else:
-                    self._list(url.path, query)
+                    self._list(path, query, namespace)
 
-            def _list(self, path: str, query: dict[str, str]) -> None:
+            def _list(self, path: str, query: dict[str, str], namespace: str | None = None) -> None:
                 with api.cond:
                     if api.fail_lists > 0:
                         api.fail_lists -= 1
@@ -222,7 +230,11 @@ class FakeAPIServer:
                         items = api.snapshots[path]
                     else:
                         rv, offset = api.rv, 0
-                        items = [o for _, o in sorted(api.objects[path].items())]
+                        items = [
+                            o
+                            for _, o in sorted(api.objects[path].items())
+                            if namespace is None or o["metadata"].get("namespace") == namespace
+                        ]
                         api.snapshots[path] = items
                     limit = int(query.get("limit") or 0) or len(items)
                     page = items[offset : offset + limit]

@@ -1,6 +1,6 @@
-"""The `copilot-webhook` command line: serve, certs generate, preview, config show.
+"""The `copilot-webhook` command line: serve, certs, preview, audit, label-nodes, config show.
 
-Exit codes: 0 success, 2 usage or invalid configuration, 1 other failures.
+Exit codes: 0 success, 2 usage or invalid configuration, 1 other failures; `audit` exits 3 when pods would change.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ from webhook.preview import OUTPUTS, RUNTIMES, preview
 from webhook.review import RequestError
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+EXIT_CHANGES = 3  # audit: some running pods would change (kubectl diff's convention, moved off 1)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -77,6 +78,13 @@ def _parser() -> argparse.ArgumentParser:
     label = commands.add_parser("label-nodes", help="set imagePuller.runtimeLabel on every node from its runtime")
     label.add_argument("--dry-run", action="store_true", help="print the changes, change nothing")
     label.add_argument("--config", help="YAML configuration file")
+
+    audit = commands.add_parser(
+        "audit", help="list the running pods the SYS_PTRACE policy would change (exit 3 when there are any)"
+    )
+    audit.add_argument("--config", help="YAML configuration file: ask 'what if I switched to this policy?'")
+    audit.add_argument("--namespace", "-n", help="only this namespace (default: all)")
+    audit.add_argument("--output", "-o", choices=["table", "json"], default="table")
 
     config = commands.add_parser("config", help="configuration")
     config_commands = config.add_subparsers(dest="config_command", required=True, metavar="COMMAND")
@@ -164,6 +172,49 @@ def _label_nodes(args: argparse.Namespace, settings: Settings) -> int:
     return EXIT_FAILURE if errors else EXIT_OK
 
 
+def _audit(args: argparse.Namespace, settings: Settings) -> int:
+    import functools
+    import json
+
+    from kubernetes import client
+
+    from webhook.audit import audit, summary, table
+    from webhook.cluster.access import ClusterAccessError, api_client
+    from webhook.cluster.informer import list_pages
+    from webhook.cluster.namespaces import NamespaceCache
+
+    try:
+        api = api_client(settings.cluster)
+        if api is None:
+            raise ClusterAccessError("no cluster access (no service account, no kubeconfig)")
+        core = client.CoreV1Api(api)
+        namespaces = NamespaceCache(core.list_namespace)
+        namespaces.informer.list_once()
+        list_pods: Callable[..., Any] = core.list_pod_for_all_namespaces
+        if args.namespace:
+            list_pods = functools.partial(core.list_namespaced_pod, args.namespace)
+        pods = [pod for page in list_pages(list_pods) for pod in page.get("items") or ()]
+    except ClusterAccessError as exc:
+        print(f"copilot-webhook: audit: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    except Exception as exc:  # an API error: say which, no traceback
+        print(f"copilot-webhook: audit: cannot list pods or namespaces: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    findings = audit(pods, namespaces.informer.items, settings)
+    if args.output == "json":
+        report = {
+            "ptrace": {"mode": settings.ptrace.mode, "target": settings.ptrace.target},
+            "podsSeen": len(pods),
+            "pods": [f.as_json() for f in findings],
+        }
+        sys.stdout.write(json.dumps(report, indent=2) + "\n")
+    else:
+        if findings:
+            sys.stdout.write(table(findings))
+        print(f"ptrace.mode {settings.ptrace.mode}, target {settings.ptrace.target}: {summary(findings, len(pods))}")
+    return EXIT_CHANGES if findings else EXIT_OK
+
+
 def _certs_ensure(args: argparse.Namespace) -> int:
     from webhook.cluster.access import ClusterAccessError, api_client
     from webhook.cluster.certificates import CertificateManager, EnsureError, own_namespace
@@ -230,6 +281,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _preview(args, settings)
     if args.command == "label-nodes":
         return _label_nodes(args, settings)
+    if args.command == "audit":
+        return _audit(args, settings)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from webhook.serve import serve
 

@@ -31,6 +31,24 @@ PAGE_SIZE = 500
 WATCH_SECONDS = 290  # the API server ends a watch at its own minRequestTimeout; we ask a little less
 
 
+def list_pages(list_call: ListCall, page_size: int = PAGE_SIZE) -> Iterator[dict[str, Any]]:
+    """Every page of a paged list (`limit`, `continue`), each parsed from raw JSON."""
+    token: str | None = None
+    while True:
+        kwargs: dict[str, Any] = {"limit": page_size, "_preload_content": False, "_request_timeout": (10, 60)}
+        if token:
+            kwargs["_continue"] = token
+        response = list_call(**kwargs)
+        try:
+            page: dict[str, Any] = orjson.loads(response.data)
+        finally:
+            response.release_conn()
+        yield page
+        token = (page.get("metadata") or {}).get("continue") or None
+        if token is None:
+            return
+
+
 class Gone(Exception):
     """The resourceVersion we hold has been compacted away: relist."""
 
@@ -90,16 +108,7 @@ class Informer(Generic[T]):
     # --- list ---------------------------------------------------------------------------------------
     def list_once(self) -> None:
         items: dict[str, T] = {}
-        token: str | None = None
-        while True:
-            kwargs: dict[str, Any] = {"limit": self._page_size, "_preload_content": False, "_request_timeout": (10, 60)}
-            if token:
-                kwargs["_continue"] = token
-            response = self._list_call(**kwargs)
-            try:
-                page = orjson.loads(response.data)
-            finally:
-                response.release_conn()
+        for page in list_pages(self._list_call, self._page_size):
             for obj in page.get("items") or ():
                 try:
                     items[obj["metadata"]["name"]] = self._project(obj)
@@ -107,10 +116,7 @@ class Informer(Generic[T]):
                     self.skipped_events += 1
                     log.warning("%s cache: skipped an unreadable object in a list: %s", self.name, exc)
             metadata = page.get("metadata") or {}
-            token = metadata.get("continue") or None
-            if token is None:
-                self.resource_version = metadata.get("resourceVersion")
-                break
+            self.resource_version = metadata.get("resourceVersion")
         self._publish(items)
         self.synced.set()
         log.info("%s cache: listed %d at resourceVersion %s", self.name, len(items), self.resource_version)
