@@ -7,31 +7,23 @@ ARG PYTHON_VERSION=3.11
 
 FROM python:${PYTHON_VERSION}-slim AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
-RUN python -m venv /opt/venv
+RUN python -m venv /opt/venv && python -m venv /opt/puller
 COPY pyproject.toml README.md /src/
 COPY webhook /src/webhook
-COPY certs/__init__.py certs/authority.py /src/certs/
-RUN /opt/venv/bin/pip install /src
+COPY certs /src/certs
+RUN /opt/venv/bin/pip install /src \
+ && /opt/puller/bin/pip install "/src[puller]"
 
-# The image-puller image: the same package (for copilot-webhook-pull), the docker CLI and crictl.
-FROM docker:27-cli AS docker-cli
+# containerd's own client, from Debian's package, for registries only the pod network reaches.
+FROM python:${PYTHON_VERSION}-slim AS ctr
+RUN apt-get update && apt-get install -y --no-install-recommends containerd && rm -rf /var/lib/apt/lists/*
 
+# The image-puller image: the package with grpcio (the CRI client; the Docker Engine API needs nothing
+# more than the standard library) and ctr. No docker CLI, no crictl.
 FROM python:${PYTHON_VERSION}-slim AS puller
-ARG CRICTL_VERSION=v1.31.1
-ARG TARGETARCH=amd64
-RUN apt-get update \
- && apt-get install -y --no-install-recommends curl ca-certificates \
- && base="https://github.com/kubernetes-sigs/cri-tools/releases/download/${CRICTL_VERSION}" \
- && file="crictl-${CRICTL_VERSION}-linux-${TARGETARCH}.tar.gz" \
- && curl -fsSLo "/tmp/${file}" "${base}/${file}" \
- && curl -fsSLo "/tmp/${file}.sha256" "${base}/${file}.sha256" \
- && echo "$(cat /tmp/${file}.sha256)  /tmp/${file}" | sha256sum -c - \
- && tar -xzf "/tmp/${file}" -C /usr/local/bin crictl \
- && rm -f /tmp/crictl-* \
- && apt-get purge -y curl && apt-get autoremove -y && rm -rf /var/lib/apt/lists/*
-COPY --from=docker-cli /usr/local/bin/docker /usr/local/bin/docker
-COPY --from=build /opt/venv /opt/venv
-ENV PATH=/opt/venv/bin:$PATH PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 DOCKER_CONFIG=/tmp/.docker
+COPY --from=ctr /usr/bin/ctr /usr/bin/ctr
+COPY --from=build /opt/puller /opt/puller
+ENV PATH=/opt/puller/bin:$PATH PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 LABEL org.opencontainers.image.title="copilot-webhook image puller"
 # The pod spec runs it as root (runAsUser: 0) because the runtime socket is root's; nothing else is granted.
 ENTRYPOINT ["copilot-webhook-pull"]

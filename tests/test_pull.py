@@ -1,158 +1,107 @@
-"""The puller program against fake `docker` and `crictl` clients on the PATH: no node needed."""
+"""The puller's pure parts: reference normalisation, the credential keyring, its command line. Every
+client path runs against real daemons in test_pull_daemons.py."""
 
 from __future__ import annotations
 
+import base64
+import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-FAKE_CLIENT = r"""#!/usr/bin/env bash
-# A stand-in runtime client: logs its arguments, knows FAKE_PRESENT images, fails FAKE_FAILS times,
-# sleeps FAKE_SLEEP seconds per pull and never finishes pulling FAKE_HANG.
-echo "$(basename "$0") $*" >> "$FAKE_LOG"
-image="${@: -1}"
-case " $* " in
-  *" inspect "*|*" inspecti "*)
-    [[ ",$FAKE_PRESENT," == *",$image,"* ]] && exit 0
-    echo "no such image: $image" >&2; exit 1 ;;
-  *" pull "*)
-    [[ "$image" == "$FAKE_HANG" ]] && sleep 100
-    echo "start $image" >> "$FAKE_LOG"
-    sleep "${FAKE_SLEEP:-0}"
-    echo "end $image" >> "$FAKE_LOG"
-    count_file="$FAKE_DIR/$(echo "$image" | tr '/:@' '___').count"
-    n=$(( $(cat "$count_file" 2>/dev/null || echo 0) + 1 )); echo "$n" > "$count_file"
-    if [[ -n "$FAKE_FAILS" && "$FAKE_FAILS" == "$image="* ]]; then
-      (( n <= ${FAKE_FAILS##*=} )) && { echo "registry unavailable (attempt $n)" >&2; exit 1; }
-    fi
-    exit 0 ;;
-esac
-echo "unexpected: $*" >&2; exit 2
-"""
+from webhook.pull.clients import ERROR_LIMIT, PullError
+from webhook.pull.keyring import Keyring
+from webhook.references import InvalidReference, normalise, parse
 
 
-@pytest.fixture
-def fake_bin(tmp_path: Path) -> Path:
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    for name in ("docker", "crictl"):
-        script = bin_dir / name
-        script.write_text(FAKE_CLIENT)
-        script.chmod(0o755)
-    return bin_dir
+@pytest.mark.parametrize(
+    ("written", "normalised"),
+    [
+        ("busybox", "docker.io/library/busybox:latest"),
+        ("library/busybox", "docker.io/library/busybox:latest"),
+        ("docker.io/library/busybox:latest", "docker.io/library/busybox:latest"),
+        ("index.docker.io/library/busybox", "docker.io/library/busybox:latest"),
+        ("team/app:1", "docker.io/team/app:1"),
+        ("localhost/app", "localhost/app:latest"),
+        ("localhost:5000/app:v1", "localhost:5000/app:v1"),
+        ("registry.example.com:5000/a/b/c@sha256:" + "ab" * 32, "registry.example.com:5000/a/b/c@sha256:" + "ab" * 32),
+        ("cr.flyte.org/flyteorg/flytecopilot:v1.15.3", "cr.flyte.org/flyteorg/flytecopilot:v1.15.3"),
+    ],
+)
+def test_references_normalise_as_the_runtimes_do(written: str, normalised: str) -> None:
+    assert normalise(written) == normalised
 
 
-def _pull(fake_bin: Path, *args: str, **fake: str) -> tuple[subprocess.CompletedProcess[str], list[str], float]:
-    log = fake_bin.parent / "calls.log"
-    env = {"PATH": f"{fake_bin}:/usr/bin:/bin", "FAKE_LOG": str(log), "FAKE_DIR": str(fake_bin.parent)}
-    env.update({f"FAKE_{k.upper()}": v for k, v in fake.items()})
-    started = time.monotonic()
-    result = subprocess.run(
-        [sys.executable, "-m", "webhook.pull", *args], capture_output=True, text=True, env=env, timeout=60, check=False
+@pytest.mark.parametrize("text", ["--help", "-x", "UPPER/app", "app:", "a b", "", "app@sha256:xyz", "x" * 600])
+def test_invalid_references_never_reach_a_client(text: str) -> None:
+    with pytest.raises(InvalidReference):
+        parse(text)
+
+
+def _keyring(tmp_path: Path, auths: dict[str, object]) -> Keyring:
+    (tmp_path / "s.json").write_text(json.dumps({"auths": auths}))
+    keyring, problems = Keyring.from_directory(str(tmp_path))
+    assert problems == []
+    return keyring
+
+
+def _auth(user: str) -> dict[str, str]:
+    return {"auth": base64.b64encode(f"{user}:pw".encode()).decode()}
+
+
+def test_keyring_matches_as_the_kubelet_does(tmp_path: Path) -> None:
+    keyring = _keyring(
+        tmp_path,
+        {
+            "https://index.docker.io/v1/": _auth("hub"),
+            "registry.example.com": _auth("any-path"),
+            "registry.example.com/team": _auth("team"),
+            "*.corp.example": _auth("wildcard"),
+            "registry.example.com:5000": _auth("port"),
+        },
     )
-    calls = log.read_text().splitlines() if log.exists() else []
-    return result, calls, time.monotonic() - started
+    users = lambda image: [c.username for c in keyring.lookup(parse(image))]  # noqa: E731
+    assert users("busybox") == ["hub"]
+    assert users("registry.example.com/team/app:1") == ["team", "any-path"], "most specific first, then the rest"
+    assert users("registry.example.com/other/app:1") == ["any-path"]
+    assert users("registry.example.com:5000/team/app:1") == ["port"], "ports must be equal"
+    assert users("git.corp.example/tools/agent:3") == ["wildcard"]
+    assert users("a.b.corp.example/x:1") == [], "a * matches one label"
 
 
-def test_present_images_are_skipped_and_missing_ones_pulled_through_the_socket(fake_bin: Path) -> None:
-    result, calls, _ = _pull(
-        fake_bin, "--client=crictl", "--socket=/run/k3s/containerd/containerd.sock", "--",
-        "nginx", "registry.example.com:5000/team/app@sha256:" + "a" * 64, present="nginx",
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    lines = result.stdout.splitlines()
-    assert any(line.startswith("image=nginx result=present attempts=0") for line in lines)
-    assert any(
-        line.startswith("image=registry.example.com:5000/team/app@sha256:") and "result=pulled attempts=1" in line
-        for line in lines
-    )
-    assert lines[-1] == "summary present=1 pulled=1 failed=0"
-    endpoint = "--runtime-endpoint unix:///run/k3s/containerd/containerd.sock --image-endpoint unix:///run/k3s/containerd/containerd.sock"
-    assert f"crictl {endpoint} inspecti --quiet nginx" in calls
-    assert not any(" pull nginx" in c for c in calls)
+def test_broken_pull_secrets_are_reported_not_fatal(tmp_path: Path) -> None:
+    (tmp_path / "bad.json").write_text("{not json")
+    (tmp_path / "badauth.json").write_text(json.dumps({"auths": {"r.example": {"auth": "!!"}}}))
+    (tmp_path / "good.json").write_text(json.dumps({"auths": {"r.example": _auth("ok")}}))
+    keyring, problems = Keyring.from_directory(str(tmp_path))
+    assert len(problems) == 2
+    assert [c.username for c in keyring.lookup(parse("r.example/x:1"))] == ["ok"]
 
 
-def test_docker_client_uses_the_docker_socket(fake_bin: Path) -> None:
-    result, calls, _ = _pull(fake_bin, "--client=docker", "--socket=/var/run/docker.sock", "--", "busybox")
-    assert result.returncode == 0
-    assert [c for c in calls if c.startswith("docker ")] == [
-        "docker --host unix:///var/run/docker.sock image inspect busybox",
-        "docker --host unix:///var/run/docker.sock pull --quiet busybox",
-    ]
+def test_long_errors_keep_what_failed_and_why() -> None:
+    error = PullError("failed to pull " + "x" * 500 + ": not found")
+    assert len(error.message) <= ERROR_LIMIT
+    assert error.message.startswith("failed to pull")
+    assert error.message.endswith(": not found")
+    assert error.permanent
 
 
-def test_pulls_run_in_parallel(fake_bin: Path) -> None:
-    images = [f"img-{i}" for i in range(4)]
-    result, calls, _ = _pull(fake_bin, "--client=crictl", "--socket=/s", "--", *images, sleep="1")
-    assert result.returncode == 0
-    assert result.stdout.count("result=pulled") == 4
-    events = [c.split()[0] for c in calls if c.startswith(("start ", "end "))]
-    assert events[:4] == ["start"] * 4, f"every pull started before the first finished: {events}"
+def _pull(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "webhook.pull", *args], capture_output=True, text=True, timeout=60)
 
 
-def test_failed_pulls_are_retried_with_back_off(fake_bin: Path) -> None:
-    result, calls, _ = _pull(
-        fake_bin, "--client=crictl", "--socket=/s", "--backoff=0.05", "--", "flaky", fails="flaky=2"
-    )
-    assert result.returncode == 0
-    assert "image=flaky result=pulled attempts=3" in result.stdout
-    assert sum(" pull flaky" in c for c in calls) == 3
+def test_usage_errors_exit_2_and_no_images_is_fine() -> None:
+    assert _pull("--runtime=podman", "--socket=/s", "--", "x").returncode == 2
+    assert _pull("--runtime=docker", "--socket=/s", "--pod-network-registry=r", "--", "x").returncode == 2
+    done = _pull("--runtime=cri", "--socket=/s")
+    assert done.returncode == 0
+    assert done.stdout.startswith("summary present=0")
 
 
-@pytest.mark.parametrize(("policy", "code"), [("Ignore", 0), ("Fail", 1)])
-def test_failure_policy_decides_the_exit_code(fake_bin: Path, policy: str, code: int) -> None:
-    result, _, _ = _pull(
-        fake_bin, "--client=crictl", "--socket=/s", "--backoff=0.01", f"--failure-policy={policy}", "--", "ok", "gone",
-        fails="gone=99",
-    )  # fmt: skip
-    assert result.returncode == code
-    assert "image=gone result=failed attempts=3" in result.stdout
-    assert "error='registry unavailable (attempt 3)'" in result.stdout
-    assert "summary present=0 pulled=1 failed=1" in result.stdout
-
-
-def test_the_deadline_bounds_everything(fake_bin: Path) -> None:
-    result, _, seconds = _pull(
-        fake_bin, "--client=crictl", "--socket=/s", "--timeout=1.5", "--failure-policy=Fail", "--", "stuck", "fine",
-        hang="stuck",
-    )  # fmt: skip
-    assert seconds < 5
-    assert result.returncode == 1
-    assert "image=stuck result=failed attempts=1" in result.stdout
-    assert "error='timed out'" in result.stdout
-    assert "image=fine result=pulled" in result.stdout
-
-
-def test_a_missing_client_is_a_clear_failure(tmp_path: Path) -> None:
-    env = {"PATH": str(tmp_path)}
-    result = subprocess.run(
-        [sys.executable, "-m", "webhook.pull", "--client=docker", "--socket=/s", "--backoff=0.01", "--", "x"],
-        capture_output=True, text=True, env=env, timeout=30, check=False,
-    )  # fmt: skip
-    assert result.returncode == 0  # Ignore is the default
-    assert "error='cannot run docker: No such file or directory'" in result.stdout
-
-
-def test_no_images_is_fine_and_usage_errors_exit_2(fake_bin: Path) -> None:
-    assert _pull(fake_bin, "--client=crictl", "--socket=/s")[0].stdout.strip() == "no images to pull"
-    assert _pull(fake_bin, "--client=podman", "--socket=/s", "--", "x")[0].returncode == 2
-
-
-def test_the_planned_container_command_runs(fake_bin: Path) -> None:
-    """The args the webhook writes into the puller container are the ones this program takes."""
-    from webhook.config import build_settings
-    from webhook.mutation.puller import puller_container
-    from webhook.mutation.runtime import Runtime
-
-    container = puller_container(
-        Runtime("containerd", "/run/containerd/containerd.sock", "crictl", "test"),
-        ["a", "b"],
-        build_settings({}).image_puller,
-    )
-    assert container["command"] == ["copilot-webhook-pull"]
-    result, _, _ = _pull(fake_bin, *container["args"])
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.count("result=pulled") == 2
+def test_an_absent_socket_fails_each_image_with_its_cause() -> None:
+    done = _pull("--runtime=docker", "--socket=/nonexistent.sock", "--retries=1", "--", "busybox:1")
+    assert done.returncode == 0, done.stderr
+    assert "image=busybox:1 result=failed attempts=0" in done.stdout, "it never got to pull"
+    assert "No such file or directory" in done.stdout

@@ -144,6 +144,22 @@ class Resources(_Section):
     limits: Quantities = Quantities(cpu="500m", memory="128Mi")
 
 
+class RegistrySettings(_Section):
+    """A registry the puller pulls from inside the pod (containerd nodes): one only the pod network
+    reaches, such as an in-cluster registry Service."""
+
+    ca: str | None = Field(default=None, description="PEM CA bundle that signs the registry's certificate")
+    plain_http: bool = False  # explicit opt-in, with a warning
+    skip_verify: bool = False  # explicit opt-in, with a warning
+
+    @field_validator("ca")
+    @classmethod
+    def _pem(cls, value: str | None) -> str | None:
+        if value is not None and "-----BEGIN CERTIFICATE-----" not in value:
+            raise ValueError("expected a PEM certificate bundle")
+        return value
+
+
 class ImagePullerSettings(_Section):
     enabled: bool = True
     scope: Literal["copilot", "all"] = "copilot"
@@ -159,6 +175,17 @@ class ImagePullerSettings(_Section):
     timeout_seconds: int = Field(default=300, ge=1, le=3600)
     failure_policy: Literal["Ignore", "Fail"] = "Ignore"
     resources: Resources = Resources()
+    # host[:port] -> how the puller reaches it from inside the pod (containerd nodes; docker and CRI-O
+    # nodes pull through the runtime, which has no pod-network path).
+    registries: dict[str, RegistrySettings] = Field(default_factory=dict)
+
+    @field_validator("registries")
+    @classmethod
+    def _hosts(cls, value: dict[str, RegistrySettings]) -> dict[str, RegistrySettings]:
+        for host in value:
+            if not re.fullmatch(r"[a-z0-9]([a-z0-9.-]*[a-z0-9])?(:[0-9]{1,5})?", host):
+                raise ValueError(f"{host!r} is not a registry host[:port]")
+        return value
 
 
 class ClusterSettings(_Section):

@@ -22,11 +22,14 @@ from webhook.mutation.facts import Facts
 from webhook.mutation.pod import PodShapeError, PodView
 from webhook.mutation.pointer import Operation, add, join
 from webhook.mutation.runtime import Runtime, decide_runtime, required_terms
+from webhook.references import InvalidReference, Reference, parse
 
 S = TypeVar("S")
 R = TypeVar("R")
 PULLER_NAME = "copilot-webhook-image-puller"
 VOLUME_NAME = "copilot-webhook-runtime-socket"
+SECRETS_VOLUME = "copilot-webhook-pull-secrets"
+SECRETS_PATH = "/var/run/copilot-webhook/pull-secrets"
 PULLER_COMMAND = "copilot-webhook-pull"
 
 
@@ -55,12 +58,28 @@ def _per_settings(fn: Callable[[S], R]) -> Callable[[S], R]:
 
 @_per_settings
 def _own_images(images: PullerImages) -> frozenset[str]:
-    return frozenset(images.of(f) for f in FLAVOURS)
+    own = set()
+    for flavour in FLAVOURS:
+        try:
+            own.add(str(parse(images.of(flavour))))
+        except InvalidReference:
+            own.add(images.of(flavour))
+    return frozenset(own)
+
+
+def _kubelet_pulls_anyway(container: dict[str, Any], reference: Reference) -> bool:
+    """`Always`, or no policy on a `:latest` (or untagged) reference without a digest, which the API server
+    defaults to Always: the kubelet pulls these whatever is present, so pre-pulling gains nothing."""
+    policy = container.get("imagePullPolicy")
+    if policy == "Always":
+        return True
+    return policy is None and reference.digest is None and reference.tag == "latest"
 
 
 def select_images(view: PodView, settings: ImagePullerSettings) -> list[str]:
     """Images of the pod's containers and init containers that match `images` and not `exclude`, without
-    the puller's own, de-duplicated in order."""
+    the puller's own, those the kubelet never pulls (`Never`) or pulls anyway (`Always`), normalised the
+    way the runtimes normalise them and de-duplicated in order."""
     wanted, unwanted = _matcher(settings.images), _matcher(settings.exclude)
     own = _own_images(settings.puller_images)
     chosen: list[str] = []
@@ -68,27 +87,69 @@ def select_images(view: PodView, settings: ImagePullerSettings) -> list[str]:
         if c.field == "ephemeralContainers" or c.name == PULLER_NAME:
             continue
         image = c.body.get("image")
-        if not isinstance(image, str) or not image or image in own or image in chosen:
+        if not isinstance(image, str) or not image or c.body.get("imagePullPolicy") == "Never":
+            continue
+        try:
+            reference = parse(image)
+        except InvalidReference:
+            continue  # the API server refuses it; nothing to pull
+        normalised = str(reference)
+        if normalised in own or normalised in chosen or _kubelet_pulls_anyway(c.body, reference):
             continue
         if wanted(image) and not unwanted(image):
-            chosen.append(image)
+            chosen.append(normalised)
     return chosen
 
 
-def puller_container(runtime: Runtime, images: list[str], settings: ImagePullerSettings) -> dict[str, Any]:
+def pull_secrets(view: PodView) -> list[str]:
+    """The pod's imagePullSecrets (the API server has added the service account's before webhooks run)."""
+    secrets = view.spec.get("imagePullSecrets")
+    if not isinstance(secrets, list):
+        return []
+    names = [s.get("name") for s in secrets if isinstance(s, dict)]
+    return list(dict.fromkeys(n for n in names if isinstance(n, str) and n))
+
+
+def secrets_volume(names: list[str]) -> dict[str, Any]:
+    """Each secret's .dockerconfigjson as <name>.json; optional, as the kubelet treats a missing pull secret."""
+    sources = [
+        {"secret": {"name": n, "items": [{"key": ".dockerconfigjson", "path": f"{n}.json"}], "optional": True}}
+        for n in names
+    ]
+    return {"name": SECRETS_VOLUME, "projected": {"sources": sources, "defaultMode": 0o440}}
+
+
+def puller_container(
+    runtime: Runtime, images: list[str], settings: ImagePullerSettings, secrets: list[str] | None = None
+) -> dict[str, Any]:
     template = _template(settings)
-    return {
+    mounts: list[dict[str, Any]] = [{"name": VOLUME_NAME, "mountPath": runtime.socket}]
+    args = [f"--runtime={runtime.client}", f"--socket={runtime.socket}"]
+    if secrets:
+        mounts.append({"name": SECRETS_VOLUME, "mountPath": SECRETS_PATH, "readOnly": True})
+        args.append(f"--pull-secrets={SECRETS_PATH}")
+    env: list[dict[str, str]] = []
+    if runtime.client == "cri" and runtime.flavour == "containerd":
+        for i, (host, registry) in enumerate(sorted(settings.registries.items())):
+            args.append(f"--pod-network-registry={host}")
+            if registry.ca is not None:
+                variable = f"COPILOT_WEBHOOK_REGISTRY_CA_{i}"
+                env.append({"name": variable, "value": registry.ca})
+                args.append(f"--registry-ca={host}={variable}")
+            if registry.plain_http:
+                args.append(f"--registry-plain-http={host}")
+            if registry.skip_verify:
+                args.append(f"--registry-skip-verify={host}")
+    container = {
         "name": PULLER_NAME,
         "image": settings.puller_images.of(runtime.flavour),
         **template,
-        "args": [
-            f"--client={runtime.client}",
-            f"--socket={runtime.socket}",
-            *template["args"],
-            *images,
-        ],
-        "volumeMounts": [{"name": VOLUME_NAME, "mountPath": runtime.socket}],
+        "args": [*args, *template["args"], *images],
+        "volumeMounts": mounts,
     }
+    if env:
+        container["env"] = env
+    return container
 
 
 @_per_settings
@@ -132,10 +193,13 @@ def already_injected(view: PodView, recorded: bool) -> bool:
     volumes = view.spec.get("volumes") or []
     if not isinstance(volumes, list):
         raise PodShapeError("spec.volumes must be an array")
-    volume = any(isinstance(v, dict) and v.get("name") == VOLUME_NAME for v in volumes)
+    names = {v.get("name") for v in volumes if isinstance(v, dict)}
+    volume = VOLUME_NAME in names
     if (container or volume) and not (recorded and container and volume):
         taken = PULLER_NAME if container else VOLUME_NAME
         raise Undecidable(f"the name {taken} is already used by the pod")
+    if SECRETS_VOLUME in names and not (recorded and container):
+        raise Undecidable(f"the name {SECRETS_VOLUME} is already used by the pod")
     return container and volume
 
 
@@ -143,7 +207,8 @@ def insert_ops(
     view: PodView, runtime: Runtime, images: list[str], settings: ImagePullerSettings
 ) -> list[tuple[Operation, str]]:
     why = f"pull {len(images)} image(s) through the {runtime.flavour} socket before the other containers start"
-    container = puller_container(runtime, images, settings)
+    secrets = pull_secrets(view)
+    container = puller_container(runtime, images, settings, secrets)
     ops: list[tuple[Operation, str]] = []
     if isinstance(view.spec.get("initContainers"), list):
         ops.append((add("/spec/initContainers/0", container), why))
@@ -151,10 +216,13 @@ def insert_ops(
         ops.append((add("/spec/initContainers", [container]), why))
     volume = socket_volume(runtime)
     vwhy = f"the {runtime.flavour} socket {runtime.socket}, mounted in the puller only"
+    added = [(volume, vwhy)]
+    if secrets:
+        added.append((secrets_volume(secrets), "the pod's image pull secrets, for the puller only"))
     if isinstance(view.spec.get("volumes"), list):
-        ops.append((add("/spec/volumes/-", volume), vwhy))
+        ops += [(add("/spec/volumes/-", v), w) for v, w in added]
     else:
-        ops.append((add("/spec/volumes", [volume]), vwhy))
+        ops.append((add("/spec/volumes", [v for v, _w in added]), vwhy))
     return ops
 
 
@@ -234,4 +302,15 @@ def plan_puller(
             f"pinned to {decision.pin} nodes (label {settings.runtime_label}): candidate nodes disagree"
         )
     result.ops += insert_ops(view, runtime, images, settings)
+    result.warnings += registry_warnings(images, runtime, settings)
     return result
+
+
+def registry_warnings(images: list[str], runtime: Runtime, settings: ImagePullerSettings) -> list[str]:
+    registries = {parse(image).registry for image in images} & set(settings.registries)
+    if not registries:
+        return []
+    if not (runtime.client == "cri" and runtime.flavour == "containerd"):
+        return [f"{', '.join(sorted(registries))[:40]}: the {runtime.flavour} runtime pulls; no pod-network path"]
+    risky = sorted(h for h in registries if settings.registries[h].plain_http or settings.registries[h].skip_verify)
+    return [f"{', '.join(risky)[:50]}: pulled without TLS verification (registries opt-in)"] if risky else []

@@ -46,7 +46,7 @@ def node_facts(runtime_version: Any, labels: Mapping[str, str], annotations: Map
 class Runtime(NamedTuple):
     flavour: str
     socket: str
-    client: str  # the puller's client: "docker" (Docker Engine API) or "crictl" (any CRI socket)
+    client: str  # the API the puller speaks on the socket: "docker" (Docker Engine API) or "cri" (CRI gRPC)
     source: str  # which node or rule decided, for previews and audit
 
 
@@ -56,17 +56,17 @@ def socket_of(group: tuple[str | None, str | None, str | None], settings: ImageP
     assert flavour is not None
     if cri_socket:
         # With dockershim gone, a kubeadm docker node's CRI socket is cri-dockerd's: speak CRI to it.
-        return cri_socket, "crictl"
+        return cri_socket, "cri"
     if distro == "k3s" and flavour == "containerd":
-        return K3S_SOCKET, "crictl"
+        return K3S_SOCKET, "cri"
     if distro == "microk8s" and flavour == "containerd":
-        return MICROK8S_SOCKET, "crictl"
+        return MICROK8S_SOCKET, "cri"
     return _default(flavour, settings)
 
 
 def _default(flavour: str, settings: ImagePullerSettings) -> tuple[str, str]:
     """The configured socket of a flavour, and the client that speaks its API."""
-    return settings.sockets.of(flavour), "docker" if flavour == "docker" else "crictl"
+    return settings.sockets.of(flavour), "docker" if flavour == "docker" else "cri"
 
 
 def configured(flavour: str, settings: ImagePullerSettings, source: str) -> Runtime:

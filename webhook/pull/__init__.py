@@ -1,0 +1,213 @@
+"""copilot-webhook-pull: the command the image-puller init container runs (spec 1.3).
+
+Pulls every image given through the node's runtime, in parallel, skipping those the node already has,
+retrying with exponential back-off only what can succeed later (a registry down or hanging, not an image
+that is not there or a credential that is refused), all within one deadline. It prints one line per image
+in the order given (the pod's), then a summary. On failure it exits non-zero (`--failure-policy=Fail`) or
+says so and exits 0 (`Ignore`), so the kubelet pulls as usual. SIGTERM (it runs as PID 1) stops it at
+once: calls in flight are cancelled and child processes killed. Runs in the puller image: the standard
+library and grpcio only.
+
+Nothing the pod author writes is read as an option: references are parsed first (one starting with `-`
+is invalid), travel in API messages, and follow `--` where a command line carries them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from types import FrameType
+
+from webhook.pull.clients import Cancelled, Client, CRIClient, DockerClient, NativeClient, PullError
+from webhook.pull.keyring import Credential, Keyring
+from webhook.references import InvalidReference, parse
+
+RESULTS = ("present", "pulled", "failed", "cancelled")
+
+
+@dataclass
+class Outcome:
+    image: str
+    result: str  # present, pulled, failed, cancelled
+    attempts: int
+    seconds: float
+    error: str = ""
+
+    def line(self) -> str:
+        text = f"image={self.image} result={self.result} attempts={self.attempts} seconds={self.seconds:.1f}"
+        return text + (f" error={self.error}" if self.error else "")  # last: the cause needs no quoting
+
+
+class Puller:
+    def __init__(
+        self,
+        clients: dict[str, Client],
+        route: dict[str, str],
+        keyring: Keyring,
+        deadline: float,
+        retries: int,
+        backoff: float,
+    ) -> None:
+        self.clients, self.route, self.keyring = clients, route, keyring
+        self.deadline, self.retries, self.backoff = deadline, retries, backoff
+        self.stop = threading.Event()
+
+    def _remaining(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def one(self, image: str) -> Outcome:
+        started = time.monotonic()
+        attempts = 0
+
+        def outcome(result: str, error: str = "") -> Outcome:
+            return Outcome(image, result, attempts, time.monotonic() - started, error)
+
+        if self.stop.is_set():
+            return outcome("cancelled")
+        if self._remaining() <= 0:
+            return outcome("failed", "timed out before starting")
+        try:
+            reference = parse(image)
+        except InvalidReference as exc:
+            return outcome("failed", str(exc))
+        client = self.clients[self.route.get(reference.registry, "default")]
+        text = str(reference)
+        try:
+            if client.present(text, self._remaining()):
+                return outcome("present")
+            credentials: list[Credential | None] = [*self.keyring.lookup(reference), None]  # matches, anonymous
+            while True:
+                attempts += 1
+                try:
+                    self._pull(client, text, credentials)
+                    return outcome("pulled")
+                except PullError as exc:
+                    if exc.permanent or attempts >= self.retries or self._remaining() <= 0:
+                        return outcome("failed", exc.message)
+                pause = min(self.backoff * 2 ** (attempts - 1), max(self._remaining(), 0))
+                if self.stop.wait(pause):
+                    return outcome("cancelled")
+        except Cancelled:
+            return outcome("cancelled")
+        except PullError as exc:
+            return outcome("failed", exc.message)
+
+    def _pull(self, client: Client, reference: str, credentials: list[Credential | None]) -> None:
+        error: PullError | None = None
+        for credential in credentials:
+            try:
+                client.pull(reference, credential, max(self._remaining(), 0.001))
+                return
+            except PullError as exc:
+                error = exc
+                if not exc.permanent:
+                    break  # the registry is unwell: no use trying other credentials now
+        assert error is not None
+        raise error
+
+    def run(self, images: list[str], parallel: int) -> list[Outcome]:
+        outcomes: dict[int, Outcome] = {}
+        with ThreadPoolExecutor(max_workers=min(parallel, len(images))) as pool:
+            futures: dict[Future[Outcome], int] = {pool.submit(self.one, image): i for i, image in enumerate(images)}
+            pending = set(futures)
+            while pending:
+                done, pending = wait(pending, timeout=0.1, return_when=FIRST_COMPLETED)
+                for future in done:
+                    outcomes[futures[future]] = future.result()
+                if self.stop.is_set():
+                    for client in self.clients.values():
+                        client.cancel()
+        return [outcomes[i] for i in range(len(images))]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="copilot-webhook-pull", description=__doc__.splitlines()[0] if __doc__ else None
+    )
+    parser.add_argument("--runtime", choices=["cri", "docker"], required=True, help="the API the socket serves")
+    parser.add_argument("--socket", required=True, help="the runtime socket, e.g. /run/containerd/containerd.sock")
+    parser.add_argument("--timeout", type=float, default=300, help="seconds for everything (default 300)")
+    parser.add_argument("--failure-policy", choices=["Ignore", "Fail"], default="Ignore")
+    parser.add_argument("--retries", type=int, default=3, help="attempts per image, transient failures (default 3)")
+    parser.add_argument("--parallel", type=int, default=4, help="pulls at once (default 4)")
+    parser.add_argument("--backoff", type=float, default=1.0, help="first pause between attempts, doubled each time")
+    parser.add_argument("--pull-secrets", help="directory of .dockerconfigjson files (the pod's imagePullSecrets)")
+    parser.add_argument(
+        "--pod-network-registry",
+        action="append",
+        default=[],
+        metavar="HOST",
+        help="pull this registry's images from inside the pod (containerd's native client; cri runtime only)",
+    )
+    parser.add_argument("--registry-ca", action="append", default=[], metavar="HOST=ENV", help="CA bundle in $ENV")
+    parser.add_argument("--registry-plain-http", action="append", default=[], metavar="HOST")
+    parser.add_argument("--registry-skip-verify", action="append", default=[], metavar="HOST")
+    parser.add_argument("images", nargs="*")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.timeout <= 0 or args.retries < 1 or args.parallel < 1:
+        parser.error("--timeout, --retries and --parallel must be positive")
+    if args.pod_network_registry and args.runtime != "cri":
+        parser.error("--pod-network-registry needs --runtime=cri (containerd)")
+    images = list(dict.fromkeys(args.images))
+    if not images:
+        print("summary present=0 pulled=0 failed=0 cancelled=0: no images to pull", flush=True)
+        return 0
+    keyring, problems = Keyring.from_directory(args.pull_secrets)
+    for problem in problems:
+        print(problem, flush=True)
+    clients: dict[str, Client] = {}
+    route: dict[str, str] = {}
+    if args.runtime == "docker":
+        clients["default"] = DockerClient(args.socket)
+    else:
+        cri = CRIClient(args.socket)
+        clients["default"] = cri
+        if args.pod_network_registry:
+            cas = {}
+            for item in args.registry_ca:
+                host, _, variable = item.partition("=")
+                cas[host] = os.environ.get(variable, "")
+            options = {
+                host: [*(["--plain-http"] if host in args.registry_plain_http else [])]
+                + (["--skip-verify"] if host in args.registry_skip_verify else [])
+                for host in args.pod_network_registry
+            }
+            clients["native"] = NativeClient(args.socket, cri, options, cas)
+            route = dict.fromkeys(args.pod_network_registry, "native")
+    puller = Puller(clients, route, keyring, time.monotonic() + args.timeout, args.retries, args.backoff)
+
+    def stop(signum: int, _frame: FrameType | None) -> None:
+        if not puller.stop.is_set():
+            print(f"{signal.Signals(signum).name}: stopping, cancelling the pulls in flight", flush=True)
+        puller.stop.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    outcomes = puller.run(images, args.parallel)
+    for outcome in outcomes:
+        print(outcome.line(), flush=True)
+    counts = {r: sum(o.result == r for o in outcomes) for r in RESULTS}
+    summary = "summary " + " ".join(f"{k}={v}" for k, v in counts.items())
+    unfinished = counts["failed"] + counts["cancelled"]
+    if unfinished and args.failure_policy == "Fail":
+        print(f"{summary}: failing (failure policy Fail)", flush=True)
+        return 1
+    suffix = "; the kubelet pulls the rest as usual (failure policy Ignore)" if unfinished else ""
+    print(summary + suffix, flush=True)
+    return 0
+
+
+def entrypoint() -> None:
+    sys.exit(main())

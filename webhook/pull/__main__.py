@@ -1,0 +1,3 @@
+from webhook.pull import entrypoint
+
+entrypoint()

@@ -1,0 +1,303 @@
+"""The runtime clients of the puller, each speaking a runtime's own API, never a CLI's argument parser:
+
+- `cri`: the CRI ImageService over gRPC on the runtime socket (`ImageStatus`, `PullImage` with
+  `AuthConfig`), what the kubelet and crictl call; served by containerd, CRI-O and cri-dockerd alike.
+- `docker`: the Docker Engine API over its unix socket (`GET /images/{name}/json`,
+  `POST /images/create` with `X-Registry-Auth`), what `docker image inspect` and `docker pull` call.
+- `native`: containerd's own client `ctr -n k8s.io images pull` (Debian's), which fetches from inside
+  the pod, so registries only the pod network reaches (an in-cluster Service) work; the image lands in
+  the `k8s.io` namespace, where the kubelet's CRI finds it. The reference follows `--`.
+
+The CRI messages are encoded by hand (a few length-delimited fields) instead of generated stubs: field
+numbers from kubernetes/cri-api pkg/apis/runtime/v1/api.proto (ImageSpec.image = 1; PullImageRequest.image
+= 1, .auth = 2; AuthConfig.username = 1, .password = 2; ImageStatusRequest.image = 1;
+ImageStatusResponse.image = 1). AuthConfig.server_address (4) is left out; see pull().
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import http.client
+import json
+import socket
+import subprocess
+import threading
+from typing import Protocol
+from urllib.parse import quote
+
+import grpc
+
+from webhook.pull.keyring import Credential
+from webhook.references import parse
+
+ERROR_LIMIT = 300  # characters of a runtime's error kept in the puller's line
+_PERMANENT = (
+    "not found",
+    "manifest unknown",
+    "unauthorized",
+    "authentication required",
+    "denied",
+    "forbidden",
+    "invalid reference",
+    "failed to parse image reference",
+    "repository name must be",
+    "no basic auth credentials",
+    "401",
+    "403",
+    "x509: certificate",
+    "certificate signed by unknown authority",
+    "executable file not found",
+    "no such file or directory",
+)
+
+
+class PullError(Exception):
+    """A failed call; `permanent` when retrying cannot help (not found, unauthorized, invalid, no client)."""
+
+    def __init__(self, message: str, permanent: bool | None = None) -> None:
+        text = " ".join(message.split())
+        if len(text) > ERROR_LIMIT:
+            # Go wraps errors as "doing X: doing Y: cause": keep the start (what failed) and the end (why).
+            head = ERROR_LIMIT // 3
+            text = text[:head] + " … " + text[-(ERROR_LIMIT - head - 3) :]
+        super().__init__(text)
+        self.message = text
+        lowered = text.lower()
+        self.permanent = permanent if permanent is not None else any(p in lowered for p in _PERMANENT)
+
+
+class Cancelled(Exception):
+    """The puller is stopping (SIGTERM): the call was abandoned."""
+
+
+class Client(Protocol):
+    def present(self, reference: str, timeout: float) -> bool: ...
+
+    def pull(self, reference: str, credential: Credential | None, timeout: float) -> None: ...
+
+    def cancel(self) -> None: ...
+
+
+def _field(number: int, data: bytes) -> bytes:
+    """A length-delimited protobuf field."""
+    return _varint(number << 3 | 2) + _varint(len(data)) + data
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def _image_spec(reference: str) -> bytes:
+    return _field(1, reference.encode())
+
+
+class CRIClient:
+    def __init__(self, socket_path: str) -> None:
+        self._channel = grpc.insecure_channel(f"unix://{socket_path}")
+        self._status = self._channel.unary_unary("/runtime.v1.ImageService/ImageStatus")
+        self._pull = self._channel.unary_unary("/runtime.v1.ImageService/PullImage")
+        self._calls: set[grpc.Future] = set()
+        self._lock = threading.Lock()
+        self._cancelled = False
+
+    def _call(self, method: grpc.UnaryUnaryMultiCallable, request: bytes, timeout: float) -> bytes:
+        with self._lock:
+            if self._cancelled:
+                raise Cancelled
+            future = method.future(request, timeout=timeout)
+            self._calls.add(future)
+        try:
+            response: bytes = future.result()
+            return response
+        except grpc.FutureCancelledError:
+            raise Cancelled from None
+        except grpc.RpcError as exc:
+            code = exc.code()
+            if code == grpc.StatusCode.CANCELLED:
+                raise Cancelled from None
+            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise PullError("timed out", permanent=True) from None
+            permanent = True if code in _PERMANENT_CODES else None
+            raise PullError(f"{code.name}: {exc.details()}", permanent) from None
+        finally:
+            with self._lock:
+                self._calls.discard(future)
+
+    def present(self, reference: str, timeout: float) -> bool:
+        response = self._call(self._status, _field(1, _image_spec(reference)), timeout)
+        return response.startswith(b"\x0a")  # field 1 (the Image) is there: the runtime has it
+
+    def pull(self, reference: str, credential: Credential | None, timeout: float) -> None:
+        request = _field(1, _image_spec(reference))
+        if credential is not None:
+            # No server_address: the credential is already matched to this registry, and containerd parses
+            # that field as a URL, so a bare `host:port` key (valid in a docker config) fails the pull.
+            auth = _field(1, credential.username.encode()) + _field(2, credential.password.encode())
+            request += _field(2, auth)
+        self._call(self._pull, request, timeout)
+
+    def cancel(self) -> None:
+        with self._lock:
+            self._cancelled = True
+            for future in self._calls:
+                future.cancel()
+        self._channel.close()
+
+
+_PERMANENT_CODES = {
+    grpc.StatusCode.NOT_FOUND,
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.UNAUTHENTICATED,
+    grpc.StatusCode.PERMISSION_DENIED,
+    grpc.StatusCode.UNIMPLEMENTED,
+}
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    def __init__(self, path: str, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self._path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        sock.connect(self._path)
+        self.sock = sock
+
+
+class DockerClient:
+    API = "/v1.41"  # Docker 20.10; every later engine still serves it
+
+    def __init__(self, socket_path: str) -> None:
+        self._path = socket_path
+        self._open: set[_UnixConnection] = set()
+        self._lock = threading.Lock()
+        self._cancelled = False
+
+    def _request(
+        self, method: str, url: str, timeout: float, headers: dict[str, str] | None = None
+    ) -> tuple[int, bytes]:
+        connection = _UnixConnection(self._path, timeout)
+        with self._lock:
+            if self._cancelled:
+                raise Cancelled
+            self._open.add(connection)
+        try:
+            connection.request(method, self.API + url, headers=headers or {})
+            response = connection.getresponse()
+            return response.status, response.read()
+        except TimeoutError:
+            raise PullError("timed out", permanent=True) from None
+        except OSError as exc:
+            if self._cancelled:
+                raise Cancelled from None
+            raise PullError(f"docker socket {self._path}: {exc}") from None
+        finally:
+            with self._lock:
+                self._open.discard(connection)
+            connection.close()
+
+    def present(self, reference: str, timeout: float) -> bool:
+        status, body = self._request("GET", f"/images/{quote(reference, safe='/:@')}/json", timeout)
+        if status == 404:
+            return False
+        if status != 200:
+            raise PullError(_message(body, status))
+        return True
+
+    def pull(self, reference: str, credential: Credential | None, timeout: float) -> None:
+        headers = {}
+        if credential is not None:
+            auth = {"username": credential.username, "password": credential.password, "serveraddress": credential.key}
+            headers["X-Registry-Auth"] = base64.urlsafe_b64encode(json.dumps(auth).encode()).decode()
+        status, body = self._request("POST", f"/images/create?fromImage={quote(reference, safe='')}", timeout, headers)
+        if status != 200:
+            raise PullError(_message(body, status), permanent=True if status == 404 else None)
+        # A pull that fails midway still answers 200; the error is the stream's last message.
+        for line in reversed(body.splitlines()):
+            try:
+                message = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(message, dict) and message.get("error"):
+                raise PullError(str(message["error"]))
+            break
+
+    def cancel(self) -> None:
+        with self._lock:
+            self._cancelled = True
+            for connection in self._open:
+                if connection.sock is not None:
+                    with contextlib.suppress(OSError):  # already closed: nothing to cancel
+                        connection.sock.shutdown(socket.SHUT_RDWR)
+
+
+def _message(body: bytes, status: int) -> str:
+    try:
+        data = json.loads(body)
+        return str(data.get("message") or data) if isinstance(data, dict) else f"HTTP {status}"
+    except ValueError:
+        return f"HTTP {status}: {body[:200].decode(errors='replace')}"
+
+
+class NativeClient:
+    """`ctr` for registries the pod network reaches; presence is asked of the CRI on the same socket."""
+
+    def __init__(self, socket_path: str, cri: CRIClient, options: dict[str, list[str]], cas: dict[str, str]) -> None:
+        self._socket = socket_path
+        self._cri = cri
+        self._options = options  # registry -> extra ctr flags (--plain-http, --skip-verify)
+        self._cas = cas  # registry -> CA bundle (PEM), handed to ctr on its standard input
+        self._running: set[subprocess.Popen[bytes]] = set()
+        self._lock = threading.Lock()
+        self._cancelled = False
+
+    def present(self, reference: str, timeout: float) -> bool:
+        return self._cri.present(reference, timeout)
+
+    def pull(self, reference: str, credential: Credential | None, timeout: float) -> None:
+        registry = parse(reference).registry
+        command = ["ctr", "--address", self._socket, "--namespace", "k8s.io", "images", "pull"]
+        command += self._options.get(registry, [])
+        ca = self._cas.get(registry)
+        if ca is not None:
+            command += ["--tlscacert", "/dev/stdin"]
+        if credential is not None:
+            command += ["--user", f"{credential.username}:{credential.password}"]
+        command += ["--", reference]
+        with self._lock:
+            if self._cancelled:
+                raise Cancelled
+            try:
+                process = subprocess.Popen(
+                    command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+                )
+            except OSError as exc:
+                raise PullError(f"cannot run ctr: {exc.strerror}", permanent=True) from None
+            self._running.add(process)
+        try:
+            output, _ = process.communicate((ca or "").encode(), timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+            raise PullError("timed out", permanent=True) from None
+        finally:
+            with self._lock:
+                self._running.discard(process)
+        if self._cancelled:
+            raise Cancelled
+        if process.returncode != 0:
+            lines = [line for line in output.decode(errors="replace").splitlines() if line.startswith("ctr: ")]
+            raise PullError(lines[-1][5:] if lines else f"ctr exited {process.returncode}")
+
+    def cancel(self) -> None:
+        with self._lock:
+            self._cancelled = True
+            for process in self._running:
+                process.kill()

@@ -1,0 +1,74 @@
+"""Image references as the runtimes read them (distribution/reference's ParseNormalizedNamed).
+
+`busybox`, `library/busybox` and `docker.io/library/busybox:latest` are one image: a first path part that
+has no `.` or `:` and is not `localhost` is a Docker Hub path; Hub images without a namespace live under
+`library/`; a reference without tag or digest means `:latest`. Written here rather than imported: the
+webhook uses it to de-duplicate, the puller image (standard library and grpcio only) to route and match
+credentials, and the rules fit in this module.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import NamedTuple
+
+DOCKER_HUB = "docker.io"
+_HUB_ALIASES = {"docker.io", "index.docker.io", "registry-1.docker.io"}
+# distribution/reference's grammar, reduced to what decides validity: lowercase path components,
+# an optional :tag, an optional @algorithm:hex digest.
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_DOMAIN = r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*(?::[0-9]+)?"
+_PATH = re.compile(_COMPONENT)
+_REFERENCE = re.compile(
+    rf"^(?:(?P<domain>{_DOMAIN})/)?(?P<path>{_COMPONENT}(?:/{_COMPONENT})*)"
+    r"(?::(?P<tag>[\w][\w.-]{0,127}))?(?:@(?P<digest>[a-z0-9]+(?:[.+_-][a-z0-9]+)*:[0-9a-fA-F]{32,}))?$"
+)
+
+
+class InvalidReference(ValueError):
+    pass
+
+
+class Reference(NamedTuple):
+    registry: str  # docker.io, registry.example.com:5000, localhost:5000
+    repository: str  # library/busybox, team/app
+    tag: str | None
+    digest: str | None
+
+    @property
+    def name(self) -> str:
+        return f"{self.registry}/{self.repository}"
+
+    def __str__(self) -> str:
+        text = self.name
+        if self.tag is not None:
+            text += f":{self.tag}"
+        if self.digest is not None:
+            text += f"@{self.digest}"
+        return text
+
+
+def parse(text: str) -> Reference:
+    """The normalised reference, or InvalidReference naming what is wrong. A leading `-` never parses, so a
+    reference can never be taken for a client's option."""
+    match = _REFERENCE.match(text) if len(text) <= 512 else None
+    if match is None:
+        raise InvalidReference(f"invalid image reference {text[:80]!r}")
+    domain, path = match["domain"], match["path"]
+    if domain is None or ("." not in domain and ":" not in domain and domain != "localhost"):
+        if domain is not None and not _PATH.fullmatch(domain):  # a path component: lowercase only
+            raise InvalidReference(f"invalid image reference {text[:80]!r}: repository name must be lowercase")
+        path = f"{domain}/{path}" if domain else path
+        domain = DOCKER_HUB
+    elif domain.lower() in _HUB_ALIASES:
+        domain = DOCKER_HUB
+    if domain == DOCKER_HUB and "/" not in path:
+        path = f"library/{path}"
+    tag = match["tag"]
+    if tag is None and match["digest"] is None:
+        tag = "latest"
+    return Reference(domain, path, tag, match["digest"])
+
+
+def normalise(text: str) -> str:
+    return str(parse(text))
