@@ -60,6 +60,17 @@ def _ms(text: str) -> float:
     return float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
 
 
+def bench_certs() -> Path:
+    """A fresh folder with a CA and a serving certificate for 127.0.0.1, as `make run` makes them."""
+    work = Path(tempfile.mkdtemp(prefix="copilot-webhook-bench-"))
+    subprocess.run(
+        [sys.executable, "-m", "webhook", "certs", "generate", "--out", str(work), "--service", "bench",
+         "--namespace", "bench", "--dns", "localhost", "--ip", "127.0.0.1"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    return work
+
+
 def wrk(url: str, lua: Path | None, seconds: int, connections: int) -> dict[str, float]:
     command = ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--latency", url]
     if lua is not None:
@@ -84,12 +95,7 @@ def main() -> None:
     args = parser.parse_args()
     anchors = args.anchors.resolve()
     lua = anchors / "post.lua"
-    work = Path(tempfile.mkdtemp(prefix="copilot-webhook-bench-"))
-    subprocess.run(
-        [sys.executable, "-m", "webhook", "certs", "generate", "--out", str(work), "--service", "bench",
-         "--namespace", "bench", "--dns", "localhost", "--ip", "127.0.0.1"],
-        check=True, capture_output=True,
-    )  # fmt: skip
+    work = bench_certs()
     cert, key = str(work / "tls.crt"), str(work / "tls.key")
     go = shutil.which("go") or "/usr/lib/go-1.19/bin/go"
     go_bin = work / "go-floor"

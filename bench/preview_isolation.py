@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import sys
-import tempfile
 import threading
 from pathlib import Path
 
@@ -27,7 +25,7 @@ HERE = Path(__file__).parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.load import _process, wrk  # noqa: E402 - the load bench's wrk runner
+from bench.load import _process, bench_certs, wrk  # noqa: E402 - the load bench's wrk runner
 from tests.server_process import client_context, free_port  # noqa: E402
 
 JSON = {"content-type": "application/json"}
@@ -46,12 +44,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=int, default=8)
     parser.add_argument("--connections", type=int, default=16)
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="copilot-webhook-bench-"))
-    subprocess.run(
-        [sys.executable, "-m", "webhook", "certs", "generate", "--out", str(work), "--service", "bench",
-         "--namespace", "bench", "--dns", "localhost", "--ip", "127.0.0.1"],
-        check=True, capture_output=True,
-    )  # fmt: skip
+    work = bench_certs()
     lua = work / "post.lua"
     lua.write_text(POST_LUA)
     port = free_port()

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import platform
 import shutil
-import signal
 import socket
 import subprocess
 import time
@@ -20,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.server_process import free_port
+from tests.server_process import free_port, stop_process
 
 ARCH = {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), platform.machine())
 TOOLS = ("containerd", "ctr", "dockerd", "docker-registry", "skopeo", "umoci", "htpasswd")
@@ -52,15 +51,6 @@ def _wait(check: object, what: str, process: subprocess.Popen[bytes], log: Path,
 def _listening(port: int) -> bool:
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) == 0
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
 
 
 @dataclass
@@ -118,7 +108,7 @@ def registry(
         _wait(lambda: _listening(port), "docker-registry", process, log)
         yield Registry(f"{name or '127.0.0.1'}:{port}", port, tls[2] if tls else None, user)
     finally:
-        _stop(process)
+        stop_process(process)
 
 
 @dataclass
@@ -189,7 +179,7 @@ def containerd(work: Path) -> Iterator[Containerd]:
         _wait(lambda: sock.exists() and "serving..." in log.read_text(), "containerd", process, log)
         yield Containerd(str(sock), work / "root", certs_d)
     finally:
-        _stop(process)
+        stop_process(process)
 
 
 @dataclass
@@ -222,7 +212,7 @@ def dockerd(work: Path) -> Iterator[Dockerd]:
         _wait(lambda: "API listen on" in log.read_text(), "dockerd", process, log, timeout=60)
         yield Dockerd(str(sock))
     finally:
-        _stop(process)
+        stop_process(process)
 
 
 def build_image(layout: Path, tag: str, content: str) -> None:
