@@ -1,0 +1,207 @@
+"""Both images of the Dockerfile, built by a real dockerd and started: the webhook serves as uid 65532 on a
+read-only root filesystem, `certs ensure` runs against an API server, the puller pulls through a real
+containerd. Public base images cannot be pulled here, so the base is a stand-in built from Debian's
+packages (mmdebstrap of bookworm with python3, `docker import`), and the dependencies are wheels built
+beforehand on the host (the Dockerfile's PIP_INSTALL_OPTIONS). The image sizes are printed."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+
+from certs.authority import generate_files
+from tests.daemons import Containerd, Dockerd, build_image, containerd, dockerd, registry, require
+from tests.fake_apiserver import FakeAPIServer
+from tests.server_process import client_context, free_port
+from tests.support import apply, decoded_patch, eventually, pod, review
+
+ROOT = Path(__file__).parent.parent
+CONTEXT_FILES = ("Dockerfile", ".dockerignore", "pyproject.toml", "README.md", "webhook", "certs")
+
+
+@dataclass
+class Images:
+    docker: Dockerd
+    env: dict[str, str]
+    webhook: str
+    puller: str
+    sizes: dict[str, int]
+
+    def run(self, *args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(["docker", *args], capture_output=True, text=True, env=self.env, timeout=timeout)
+        assert not check or done.returncode == 0, f"docker {args[0]}: exit {done.returncode}\n{done.stderr}"
+        return done
+
+
+def _build_base(work: Path, env: dict[str, str]) -> str:
+    tarball = work / "bookworm.tar"
+    subprocess.run(
+        ["mmdebstrap", "--variant=minbase", "--include=python3,python3-venv,ca-certificates", "bookworm", str(tarball)],
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
+    subprocess.run(
+        ["docker", "import", str(tarball), "cw-test-base:bookworm"], check=True, capture_output=True, env=env
+    )
+    return "cw-test-base:bookworm"
+
+
+def _context(work: Path) -> Path:
+    """The repository's build inputs, with wheels of every dependency built here beforehand."""
+    context = work / "context"
+    context.mkdir()
+    for name in CONTEXT_FILES:
+        source = ROOT / name
+        if source.is_dir():
+            shutil.copytree(source, context / name, ignore=shutil.ignore_patterns("__pycache__", "dev"))
+        else:
+            shutil.copy(source, context / name)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--wheel-dir", str(context / "wheels"),
+         f"{ROOT}[puller]", "setuptools>=69"],
+        check=True, capture_output=True, timeout=600,
+    )  # fmt: skip
+    return context
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Images]:
+    require("dockerd", "docker", "mmdebstrap", "containerd", "ctr", "docker-registry", "skopeo", "umoci", "htpasswd")
+    work = tmp_path_factory.mktemp("images")
+    short = Path(f"/tmp/cwi-{os.getpid()}")
+    try:
+        with dockerd(short, storage="overlay2") as docker:
+            env = {**os.environ, "DOCKER_HOST": f"unix://{docker.socket}", "DOCKER_BUILDKIT": "0"}
+            base = _build_base(work, env)
+            context = _context(work)
+            tags = {"puller": "cw-test-puller:ci", "webhook": "cw-test-webhook:ci"}
+            for target, tag in tags.items():
+                subprocess.run(
+                    ["docker", "build", "--quiet", "--network", "host", "--target", target, "--tag", tag,
+                     "--build-arg", f"BASE={base}",
+                     "--build-arg", "PIP_INSTALL_OPTIONS=--no-index --find-links=/src/wheels", str(context)],
+                    check=True, capture_output=True, env=env, timeout=900,
+                )  # fmt: skip
+            sizes = {}
+            for name, tag in (*tags.items(), ("base", base)):
+                inspect = subprocess.run(
+                    ["docker", "image", "inspect", "--format", "{{.Size}}", tag],
+                    check=True,
+                    capture_output=True,
+                    text=True,
+                    env=env,
+                )
+                sizes[name] = int(inspect.stdout)
+            print(f"image sizes (MB): { {k: round(v / 1e6) for k, v in sizes.items()} }")
+            yield Images(docker, env, tags["webhook"], tags["puller"], sizes)
+    finally:
+        shutil.rmtree(short, ignore_errors=True)
+
+
+def test_the_webhook_image_serves_as_a_non_root_user_on_a_read_only_root(images: Images, tmp_path: Path) -> None:
+    tls = tmp_path / "tls"
+    generate_files(tls, "copilot-webhook", "flyte", dns=["localhost"], ips=["127.0.0.1"])
+    for path in tls.iterdir():
+        path.chmod(0o644)  # the Secret volume's files are readable by the pod's user
+    port = free_port()
+    name = f"cw-webhook-{port}"
+    images.run(
+        "run", "--detach", "--name", name, "--network", "host", "--read-only", "--cap-drop", "ALL",
+        "--security-opt", "no-new-privileges", "--volume", f"{tls}:/tls:ro", images.webhook,
+        "serve", "--tls-cert", "/tls/tls.crt", "--tls-key", "/tls/tls.key", "--host", "127.0.0.1", "--port", str(port),
+    )  # fmt: skip
+    try:
+        with httpx.Client(base_url=f"https://127.0.0.1:{port}", verify=client_context(tls / "ca.crt")) as client:
+
+            def healthy() -> bool:
+                try:
+                    return client.get("/healthz").status_code == 200
+                except httpx.HTTPError:
+                    return False
+
+            assert eventually(healthy, timeout=30), images.run("logs", name, check=False).stderr
+            obj = pod("flyte-1.15-bare.yaml")
+            res = client.post(
+                "/mutate", content=orjson.dumps(review(obj)), headers={"content-type": "application/json"}
+            )
+            assert res.status_code == 200
+            mutated = apply(obj, decoded_patch(res.json()["response"]))
+            assert mutated["spec"]["shareProcessNamespace"] is True
+        assert images.run("exec", name, "id", "-u").stdout.strip() == "65532"
+        assert images.run("exec", name, "touch", "/opt/x", check=False).returncode != 0, "the root is read-only"
+        started = time.monotonic()
+        images.run("stop", "--time", "20", name)
+        assert time.monotonic() - started < 15, "SIGTERM: a drain, then a clean stop"
+        logs = images.run("logs", name).stderr
+        assert "Traceback" not in logs
+        assert "draining" in logs
+    finally:
+        images.run("rm", "--force", name, check=False)
+
+
+def test_certs_ensure_runs_from_the_webhook_image(images: Images, api: FakeAPIServer, tmp_path: Path) -> None:
+    mwc = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/cw"
+    api.store[mwc] = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": "cw", "resourceVersion": "1"},
+        "webhooks": [{"name": "ptrace.copilot-webhook.io", "clientConfig": {"service": {"name": "cw"}}}],
+    }
+    tmp_path.chmod(0o755)  # mounted as /cfg for uid 65532
+    kubeconfig = api.kubeconfig(tmp_path / "kubeconfig")
+    kubeconfig.chmod(0o644)
+    (tmp_path / "config.yaml").write_text("cluster:\n  enabled: true\n  kubeconfig: /cfg/kubeconfig\n")
+    (tmp_path / "config.yaml").chmod(0o644)
+    done = images.run(
+        "run", "--rm", "--network", "host", "--read-only", "--volume", f"{tmp_path}:/cfg:ro", images.webhook,
+        "certs", "ensure", "--secret", "cw-tls", "--webhook-config", "cw", "--namespace", "flyte",
+        "--config", "/cfg/config.yaml",
+    )  # fmt: skip
+    assert "cw-tls:" in done.stdout
+    secret = api.store["/api/v1/namespaces/flyte/secrets/cw-tls"]
+    bundle = base64.b64decode(api.store[mwc]["webhooks"][0]["clientConfig"]["caBundle"])
+    assert base64.b64decode(secret["data"]["ca.crt"]) in bundle
+
+
+def test_the_puller_image_pulls_through_a_real_containerd(images: Images, tmp_path: Path) -> None:
+    layout = tmp_path / "oci"
+    build_image(layout, "v1", "from the puller image")
+    with containerd(tmp_path / "ctd") as ctd, registry(tmp_path / "reg") as reg:
+        ctd.trust(reg.host, plain_http=True)
+        image = reg.push(layout, "v1", "team/app")
+        done = _pull_in_image(images, ctd, image)
+    assert f"image={image} result=pulled attempts=1" in done.stdout, done.stdout + done.stderr
+    assert done.returncode == 0
+
+
+def _pull_in_image(images: Images, ctd: Containerd, image: str) -> subprocess.CompletedProcess[str]:
+    """As the pod runs it: uid 0, no capabilities, no new privileges, read-only root, the socket mounted."""
+    return images.run(
+        "run", "--rm", "--network", "host", "--read-only", "--user", "0", "--cap-drop", "ALL",
+        "--security-opt", "no-new-privileges", "--volume", f"{ctd.socket}:{ctd.socket}", images.puller,
+        "--runtime=cri", f"--socket={ctd.socket}", "--", image,
+    )  # fmt: skip
+
+
+def test_the_puller_image_carries_only_what_it_runs(images: Images) -> None:
+    """The puller's environment: the package without the server's dependencies, grpcio (and typing_extensions, its
+    own dependency) and ctr."""
+    mb = {name: size / 1e6 for name, size in images.sizes.items()}
+    assert mb["puller"] - mb["base"] < 100, mb
+    assert mb["puller"] < mb["webhook"], mb
+    listed = images.run("run", "--rm", "--entrypoint", "/opt/puller/bin/pip", images.puller, "list", "--format=json")
+    installed = {p["name"].lower() for p in json.loads(listed.stdout)}
+    assert installed <= {"copilot-webhook", "grpcio", "typing_extensions", "pip", "setuptools"}, installed
