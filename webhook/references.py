@@ -9,6 +9,7 @@ credentials, and the rules fit in this module.
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import NamedTuple
 
@@ -48,6 +49,7 @@ class Reference(NamedTuple):
         return text
 
 
+@functools.lru_cache(maxsize=4096)  # the same images come back with every pod of a task
 def parse(text: str) -> Reference:
     """The normalised reference, or InvalidReference naming what is wrong. A leading `-` never parses, so a
     reference can never be taken for a client's option."""

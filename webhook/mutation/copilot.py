@@ -186,8 +186,11 @@ def data_volumes(copilot: Copilot) -> set[str]:
         args = c.body.get("args")
         if type(args) is not list:
             continue
-        dirs = {args[i + 1] for i, a in enumerate(args[:-1]) if a in _LOCAL_DIR_FLAGS and type(args[i + 1]) is str}
-        volumes.update(name for name, path in _mounts(c) if path in dirs)
+        for flag in _LOCAL_DIR_FLAGS:
+            if flag in args:  # a C-level scan; this runs on every review of a legacy copilot pod
+                i = args.index(flag) + 1
+                if i < len(args):
+                    volumes.update(name for name, path in _mounts(c) if path == args[i])
     return volumes
 
 

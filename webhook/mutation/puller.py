@@ -307,6 +307,8 @@ def plan_puller(
 
 
 def registry_warnings(images: list[str], runtime: Runtime, settings: ImagePullerSettings) -> list[str]:
+    if not settings.registries:
+        return []
     registries = {parse(image).registry for image in images} & set(settings.registries)
     if not registries:
         return []
