@@ -105,3 +105,17 @@ def test_an_absent_socket_fails_each_image_with_its_cause() -> None:
     assert done.returncode == 0, done.stderr
     assert "image=busybox:1 result=failed attempts=0" in done.stdout, "it never got to pull"
     assert "No such file or directory" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("message", "permanent"),
+    [
+        ('Get "http://127.0.0.1:40135/v2/": dial tcp 127.0.0.1:40135: connect: connection refused', False),
+        ("dial tcp 10.0.0.1:4030: i/o timeout", False),
+        ("pulling from host r:5000 failed with status code [manifests v1]: 401 Unauthorized", True),
+        ("unexpected status: 403 Forbidden", True),
+        ("failed to resolve reference: not found", True),
+    ],
+)
+def test_refusals_are_told_from_addresses_that_contain_the_same_digits(message: str, permanent: bool) -> None:
+    assert PullError(message).permanent is permanent

@@ -10,10 +10,12 @@ import base64
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -202,14 +204,20 @@ def test_cri_permanent_failures_are_not_retried(world: World) -> None:
     assert run.code == 0, "failure policy Ignore: the kubelet pulls as usual"
 
 
-def test_cri_registry_down_is_retried_with_back_off(world: World) -> None:
-    from tests.server_process import free_port
+@contextmanager
+def _down_port() -> Iterator[int]:
+    """A port held bound but not listening: connections to it are refused for as long as we hold it."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        yield held.getsockname()[1]
 
-    port = free_port()
-    world.containerd.trust(f"127.0.0.1:{port}", plain_http=True)
-    image = f"127.0.0.1:{port}/down/app:v1"
-    run = _run(_container(_cri(world), [image], failurePolicy="Fail"))
-    assert run.result(image)["attempts"] == "3", "connection refused can succeed later"
+
+def test_cri_registry_down_is_retried_with_back_off(world: World) -> None:
+    with _down_port() as port:
+        world.containerd.trust(f"127.0.0.1:{port}", plain_http=True)
+        image = f"127.0.0.1:{port}/down/app:v1"
+        run = _run(_container(_cri(world), [image], failurePolicy="Fail"))
+    assert run.result(image)["attempts"] == "3", run.lines
     assert "connection refused" in run.result(image)["error"]
     assert run.code == 1, "failure policy Fail"
 
@@ -320,9 +328,8 @@ def test_docker_fresh_present_missing_and_private(world: World, tmp_path: Path) 
 
 
 def test_docker_registry_down_is_retried(world: World) -> None:
-    from tests.server_process import free_port
-
-    image = f"127.0.0.1:{free_port()}/down/app:v1"
-    run = _run(_container(_docker(world), [image]))
-    assert run.result(image)["attempts"] == "3"
+    with _down_port() as port:
+        image = f"127.0.0.1:{port}/down/app:v1"
+        run = _run(_container(_docker(world), [image]))
+    assert run.result(image)["attempts"] == "3", run.lines
     assert "connection refused" in run.result(image)["error"]

@@ -20,6 +20,7 @@ import base64
 import contextlib
 import http.client
 import json
+import re
 import socket
 import subprocess
 import threading
@@ -43,13 +44,15 @@ _PERMANENT = (
     "failed to parse image reference",
     "repository name must be",
     "no basic auth credentials",
-    "401",
-    "403",
     "x509: certificate",
     "certificate signed by unknown authority",
     "executable file not found",
     "no such file or directory",
 )
+
+
+# HTTP 401/403 as a word, never as digits of a port or an address (127.0.0.1:40135 is not a 401).
+_REFUSED_STATUS = re.compile(r"(?<![\w.:])40[13](?![\w.:])")
 
 
 class PullError(Exception):
@@ -64,7 +67,9 @@ class PullError(Exception):
         super().__init__(text)
         self.message = text
         lowered = text.lower()
-        self.permanent = permanent if permanent is not None else any(p in lowered for p in _PERMANENT)
+        if permanent is None:
+            permanent = any(p in lowered for p in _PERMANENT) or _REFUSED_STATUS.search(lowered) is not None
+        self.permanent = permanent
 
 
 class Cancelled(Exception):
