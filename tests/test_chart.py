@@ -283,3 +283,21 @@ def test_the_readme_values_table_covers_values_yaml() -> None:
     table = README.read_text().split("<!-- values table -->")[1]
     missing = [key for key in _leaves(values) if f"`{key}`" not in table]
     assert missing == [], f"values.yaml keys missing from the README's values table: {missing}"
+
+
+def test_a_single_replica_gets_no_disruption_budget_and_two_get_one_that_lets_unhealthy_pods_go() -> None:
+    assert "PodDisruptionBudget/cw-copilot-webhook" not in render({"replicaCount": 1})
+    pdb = render({"replicaCount": 2})["PodDisruptionBudget/cw-copilot-webhook"]
+    assert pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+
+
+def test_control_plane_namespaces_are_excluded_whatever_the_values_say() -> None:
+    hooks = _webhooks({"webhook": {"excludeNamespaces": ["legacy-team"]}})
+    for hook in hooks.values():
+        excluded = hook["namespaceSelector"]["matchExpressions"][0]["values"]
+        assert excluded == ["kube-system", "kube-public", "kube-node-lease", "legacy-team", "flyte"]
+
+
+def test_usable_as_a_dependency_of_an_umbrella_chart() -> None:
+    """Helm passes `global` to every subchart; the schema must accept it."""
+    assert "Deployment/cw-copilot-webhook" in render({"global": {"imageRegistry": "registry.example.com"}})
