@@ -216,8 +216,17 @@ def test_deployment_is_hardened() -> None:
 def test_tls_modes() -> None:
     managed = render({"tls": {"mode": "cert-manager"}})
     config = managed["MutatingWebhookConfiguration/cw-copilot-webhook"]
-    assert config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == "flyte/cw-copilot-webhook"
+    # The CA is injected, not the serving certificate: renewals of the latter leave the caBundle alone.
+    assert config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == "flyte/cw-copilot-webhook-ca"
+    ca = managed["Certificate/cw-copilot-webhook-ca"]
+    assert ca["spec"]["isCA"] is True
+    assert ca["spec"]["issuerRef"] == {"name": "cw-copilot-webhook-selfsigned", "kind": "Issuer"}
+    assert managed["Issuer/cw-copilot-webhook-selfsigned"]["spec"] == {"selfSigned": {}}
+    assert managed["Issuer/cw-copilot-webhook"]["spec"] == {"ca": {"secretName": ca["spec"]["secretName"]}}
     certificate = managed["Certificate/cw-copilot-webhook"]
+    assert certificate["spec"]["issuerRef"] == {"name": "cw-copilot-webhook", "kind": "Issuer"}
+    hours = lambda duration: int(duration.removesuffix("h"))  # noqa: E731
+    assert hours(ca["spec"]["duration"]) >= max(10 * hours(certificate["spec"]["duration"]), 43800)
     assert certificate["spec"]["dnsNames"][2] == "cw-copilot-webhook.flyte.svc"
     assert certificate["spec"]["secretName"] == "cw-copilot-webhook-tls"
     assert "initContainers" not in managed["Deployment/cw-copilot-webhook"]["spec"]["template"]["spec"]
