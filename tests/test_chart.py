@@ -250,6 +250,9 @@ def test_tls_modes() -> None:
         ({"webhook": {"failurePolicy": "ignore"}}, "/webhook/failurePolicy"),
         ({"ptrace": {"mood": "add"}}, "mood"),
         ({"imagePuller": {"resources": {"limits": {"memory": "lots"}}}}, "/imagePuller/resources/limits/memory"),
+        # The prefix is written into CEL: only what can start a container name passes.
+        ({"copilot": {"namePrefix": "x') || true || ('"}}, "/copilot/namePrefix"),
+        ({"copilot": {"namePrefix": "Flyte-"}}, "/copilot/namePrefix"),
     ],
 )
 def test_bad_values_fail_through_the_schema(values: dict[str, Any], message: str) -> None:
@@ -310,3 +313,11 @@ def test_control_plane_namespaces_are_excluded_whatever_the_values_say() -> None
 def test_usable_as_a_dependency_of_an_umbrella_chart() -> None:
     """Helm passes `global` to every subchart; the schema must accept it."""
     assert "Deployment/cw-copilot-webhook" in render({"global": {"imageRegistry": "registry.example.com"}})
+
+
+def test_a_deadline_the_api_server_would_not_wait_for_is_refused_at_render() -> None:
+    with pytest.raises(
+        helm.HelmRenderError, match=r"server.deadlineSeconds \(5\) must be below webhook.timeoutSeconds"
+    ):
+        render({"server": {"deadlineSeconds": 5}, "webhook": {"timeoutSeconds": 5}})
+    assert "MutatingWebhookConfiguration/cw-copilot-webhook" in render({"server": {"deadlineSeconds": 4.5}})
