@@ -14,7 +14,7 @@ import re
 from typing import NamedTuple
 
 DOCKER_HUB = "docker.io"
-_HUB_ALIASES = {"docker.io", "index.docker.io", "registry-1.docker.io"}
+HUB_ALIASES = frozenset({"docker.io", "index.docker.io", "registry-1.docker.io"})
 # distribution/reference's grammar, reduced to what decides validity: lowercase path components,
 # an optional :tag, an optional @algorithm:hex digest.
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
@@ -62,7 +62,7 @@ def parse(text: str) -> Reference:
             raise InvalidReference(f"invalid image reference {text[:80]!r}: repository name must be lowercase")
         path = f"{domain}/{path}" if domain else path
         domain = DOCKER_HUB
-    elif domain.lower() in _HUB_ALIASES:
+    elif domain.lower() in HUB_ALIASES:
         domain = DOCKER_HUB
     if domain == DOCKER_HUB and "/" not in path:
         path = f"library/{path}"

@@ -179,8 +179,8 @@ class WebhookApp:
         self.namespaces = namespaces
         self.readiness = list(readiness)
         self._latency = {path: self.metrics.latency.labels(path) for path in (*ROUTES, "unknown")}
-        # Sized once: preview.concurrency takes effect at the next start. The threads only wait on the workers.
         self._deadlines = BodyDeadlines()
+        # Sized once: preview.concurrency takes effect at the next start. The threads only wait on the workers.
         self.previewer = Previewer(settings.preview.concurrency, facts_export)
         self._preview_waits = ThreadPoolExecutor(settings.preview.concurrency, thread_name_prefix="preview")
 

@@ -179,11 +179,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             for item in args.registry_ca:
                 host, _, variable = item.partition("=")
                 cas[host] = os.environ.get(variable, "")
-            options = {
-                host: [*(["--plain-http"] if host in args.registry_plain_http else [])]
-                + (["--skip-verify"] if host in args.registry_skip_verify else [])
-                for host in args.pod_network_registry
-            }
+            options: dict[str, list[str]] = {host: [] for host in args.pod_network_registry}
+            opt_ins = (("--plain-http", args.registry_plain_http), ("--skip-verify", args.registry_skip_verify))
+            for flag, hosts in opt_ins:
+                for host in hosts:
+                    options.setdefault(host, []).append(flag)
             clients["native"] = NativeClient(args.socket, cri, options, cas)
             route = dict.fromkeys(args.pod_network_registry, "native")
     puller = Puller(clients, route, keyring, time.monotonic() + args.timeout, args.retries, args.backoff)

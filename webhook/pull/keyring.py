@@ -15,9 +15,7 @@ from pathlib import Path
 from typing import NamedTuple
 from urllib.parse import urlsplit
 
-from webhook.references import DOCKER_HUB, Reference
-
-_HUB_KEYS = {"index.docker.io", "docker.io", "registry-1.docker.io"}
+from webhook.references import DOCKER_HUB, HUB_ALIASES, Reference
 
 
 class Credential(NamedTuple):
@@ -29,7 +27,7 @@ class Credential(NamedTuple):
 def _split(key: str) -> tuple[str, str]:
     parts = urlsplit(key if "://" in key else f"https://{key}")
     host = (parts.hostname or "") + (f":{parts.port}" if parts.port else "")
-    if host in _HUB_KEYS:
+    if host in HUB_ALIASES:
         host = DOCKER_HUB
     path = parts.path.strip("/")
     if host == DOCKER_HUB and path == "v1":  # https://index.docker.io/v1/ means all of Docker Hub
