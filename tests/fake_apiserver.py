@@ -1,7 +1,14 @@
 """A small HTTP server that speaks the Kubernetes list and watch protocol for nodes and namespaces, for
 the real `kubernetes` client to talk to: paged lists with `continue` tokens and a list resourceVersion,
 chunked watch streams of ADDED/MODIFIED/DELETED/BOOKMARK events, `410 Gone` for a compacted version,
-dropped connections, malformed events, and merge-patches of node labels (for the labeller)."""
+dropped connections, malformed events, and merge-patches of node labels (for the labeller).
+
+Single objects (Secrets, MutatingWebhookConfigurations) are created, read, replaced, JSON-patched and
+deleted with optimistic concurrency; their collections are listed and watched with a
+`metadata.name` field selector, as a webhook watching its own configuration does.
+
+What it does not prove: authentication and RBAC (every request is allowed), admission, defaulting and
+validation of what is stored, server-side apply, and protobuf or Table encodings."""
 
 from __future__ import annotations
 
@@ -10,6 +17,7 @@ import copy
 import json
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -32,6 +40,8 @@ def write_kubeconfig(path: Path, url: str) -> Path:
     return path
 
 
+STORED = ("/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations",)  # lists and watches of `store`
+
 RESOURCES = {
     "/api/v1/nodes": ("Node", "NodeList"),
     "/api/v1/namespaces": ("Namespace", "NamespaceList"),
@@ -39,8 +49,82 @@ RESOURCES = {
 }
 
 
+# Discovery, as much of it as the clients here ask for: the real `kubernetes` client needs none, Helm (for
+# `lookup` and the release store) maps kinds to resources through it. (kind, resource, namespaced)
+GROUPS: dict[str, list[tuple[str, str, bool]]] = {
+    "v1": [
+        ("Namespace", "namespaces", False),
+        ("Node", "nodes", False),
+        ("Pod", "pods", True),
+        ("Secret", "secrets", True),
+        ("ConfigMap", "configmaps", True),
+        ("Service", "services", True),
+        ("ServiceAccount", "serviceaccounts", True),
+    ],
+    "admissionregistration.k8s.io/v1": [
+        ("MutatingWebhookConfiguration", "mutatingwebhookconfigurations", False),
+        ("ValidatingAdmissionPolicy", "validatingadmissionpolicies", False),
+        ("ValidatingAdmissionPolicyBinding", "validatingadmissionpolicybindings", False),
+    ],
+    "apps/v1": [("Deployment", "deployments", True)],
+    "cert-manager.io/v1": [("Certificate", "certificates", True), ("Issuer", "issuers", True)],  # its CRDs installed
+    "batch/v1": [("Job", "jobs", True)],
+    "policy/v1": [("PodDisruptionBudget", "poddisruptionbudgets", True)],
+    "autoscaling/v2": [("HorizontalPodAutoscaler", "horizontalpodautoscalers", True)],
+    "networking.k8s.io/v1": [("NetworkPolicy", "networkpolicies", True)],
+    "rbac.authorization.k8s.io/v1": [
+        ("ClusterRole", "clusterroles", False),
+        ("ClusterRoleBinding", "clusterrolebindings", False),
+        ("Role", "roles", True),
+        ("RoleBinding", "rolebindings", True),
+    ],
+}
+VERBS = ["create", "delete", "get", "list", "patch", "update", "watch"]
+
+
+def discovery(path: str, version: str) -> dict[str, Any] | None:
+    """/version, /api, /apis and each group version's resource list; None for any other path."""
+    if path == "/version":
+        major, minor = version.split(".")[:2]
+        return {"major": major, "minor": minor, "gitVersion": f"v{version}", "platform": "linux/amd64"}
+    if path == "/api":
+        return {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []}
+    if path == "/apis":
+        versions: dict[str, list[dict[str, str]]] = {}
+        for gv in GROUPS:
+            if "/" in gv:
+                versions.setdefault(gv.split("/")[0], []).append({"groupVersion": gv, "version": gv.split("/")[1]})
+        groups = [{"name": g, "versions": v, "preferredVersion": v[0]} for g, v in sorted(versions.items())]
+        return {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}
+    group_version = path.removeprefix("/apis/") if path.startswith("/apis/") else path.removeprefix("/api/")
+    if group_version in GROUPS and path in (f"/api/{group_version}", f"/apis/{group_version}"):
+        resources = [
+            {"name": r, "singularName": k.lower(), "namespaced": ns, "kind": k, "verbs": VERBS}
+            for k, r, ns in GROUPS[group_version]
+        ]
+        return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": group_version, "resources": resources}
+    return None
+
+
+def is_collection(path: str) -> bool:
+    """A collection of a resource discovery lists: /api/v1/secrets-like paths, namespaced or not."""
+    parts = path.strip("/").split("/")
+    group_version = parts[1] if parts[:1] == ["api"] else "/".join(parts[1:3])
+    rest = parts[2:] if parts[:1] == ["api"] else parts[3:]
+    if len(rest) == 3 and rest[0] == "namespaces":
+        rest = rest[2:]
+    return len(rest) == 1 and any(r == rest[0] for _k, r, _ns in GROUPS.get(group_version, ()))
+
+
+def _labels_match(obj: dict[str, Any], selector: str) -> bool:
+    labels = obj.get("metadata", {}).get("labels") or {}
+    pairs = [term.split("=", 1) for term in selector.split(",") if term]
+    return all(labels.get(key) == value for key, value in pairs)
+
+
 class FakeAPIServer:
-    def __init__(self) -> None:
+    def __init__(self, version: str = "1.33.0") -> None:
+        self.version = version  # what /version says
         self.objects: dict[str, dict[str, dict[str, Any]]] = {path: {} for path in RESOURCES}
         self.events: list[tuple[int, str, str, dict[str, Any] | bytes]] = []  # (rv, path, type, object)
         self.rv = 100
@@ -93,12 +177,29 @@ class FakeAPIServer:
         self.events.append((self.rv, path, kind, obj))
         self.cond.notify_all()
 
-    def save(self, path: str, obj: dict[str, Any], action: str) -> None:
-        """Store a single object at a new resourceVersion (caller holds the lock) and log the write."""
+    def save(self, path: str, obj: dict[str, Any] | None, action: str) -> None:
+        """Store (None: delete) a single object at a new resourceVersion (caller holds the lock), log the
+        write, and tell the watchers of its collection."""
         self.rv += 1
-        obj["metadata"]["resourceVersion"] = str(self.rv)
-        self.store[path] = obj
+        if obj is None:
+            obj = self.store.pop(path)
+            kind = "DELETED"
+        else:
+            kind = "MODIFIED" if path in self.store else "ADDED"
+            obj["metadata"]["resourceVersion"] = str(self.rv)
+            self.store[path] = obj
         self.writes.append(f"{action} {path}")
+        collection = path.rsplit("/", 1)[0]
+        if collection in STORED:
+            self.events.append((self.rv, collection, kind, copy.deepcopy(obj)))
+        self.cond.notify_all()
+
+    def edit(self, path: str, change: Callable[[dict[str, Any]], None]) -> None:
+        """Change a stored object as another client would (kubectl edit): a new version and a watch event."""
+        with self.cond:
+            obj = copy.deepcopy(self.store[path])
+            change(obj)
+            self.save(path, obj, "edit")
 
     def put(self, path: str, obj: dict[str, Any]) -> None:
         with self.cond:
@@ -200,10 +301,25 @@ class FakeAPIServer:
                 if url.path in api.store:
                     self._json(200, api.store[url.path])
                     return
+                if url.path == "/openapi/v2":
+                    # An empty OpenAPI document: clients that validate against it (Helm) find no schema
+                    # and skip; the tests validate every object against the real schemas themselves.
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/com.github.proto-openapi.spec.v2.v1.0+protobuf")
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                found = discovery(url.path, api.version)
+                if found is not None:
+                    self._json(200, found)
+                    return
                 path, namespace = url.path, None
                 parts = url.path.split("/")  # /api/v1/namespaces/<ns>/pods: the pods of one namespace
                 if len(parts) == 6 and parts[3] == "namespaces" and parts[5] == "pods":
                     path, namespace = "/api/v1/pods", parts[4]
+                if path in STORED or (path not in RESOURCES and is_collection(path)):
+                    self._stored(path, query)
+                    return
                 if path not in RESOURCES:
                     self._json(404, {"kind": "Status", "code": 404})
                     return
@@ -253,7 +369,30 @@ class FakeAPIServer:
                 self.end_headers()
                 self.wfile.write(data)
 
-            def _watch(self, path: str, query: dict[str, str]) -> None:
+            def _stored(self, path: str, query: dict[str, str]) -> None:
+                """List or watch a collection of single objects, narrowed by `fieldSelector=metadata.name=X`."""
+                selector = query.get("fieldSelector", "")
+                name = selector.removeprefix("metadata.name=") if selector.startswith("metadata.name=") else None
+                if selector and name is None:
+                    self._json(400, {"kind": "Status", "code": 400, "message": f"unsupported selector {selector}"})
+                    return
+                if query.get("watch") in ("true", "1"):
+                    self._watch(path, query, name)
+                    return
+                with api.cond:
+                    items = [
+                        obj
+                        for p, obj in sorted(api.store.items())
+                        if p.rsplit("/", 1)[0] == path
+                        and name in (None, obj["metadata"]["name"])
+                        and _labels_match(obj, query.get("labelSelector", ""))
+                    ]
+                    meta = {"resourceVersion": str(api.rv)}
+                resource = path.rsplit("/", 1)[-1]
+                kind = next(k for kinds in GROUPS.values() for k, r, _ns in kinds if r == resource)
+                self._json(200, {"kind": f"{kind}List", "apiVersion": "v1", "metadata": meta, "items": items})
+
+            def _watch(self, path: str, query: dict[str, str], name: str | None = None) -> None:
                 since = int(query.get("resourceVersion") or 0)
                 timeout = float(query.get("timeoutSeconds") or 30)
                 self.send_response(200)
@@ -277,6 +416,8 @@ class FakeAPIServer:
                     while api.generation == generation and time.monotonic() < deadline:
                         for rv, p, kind, obj in api.events:
                             if rv <= sent or p != path:
+                                continue
+                            if name is not None and isinstance(obj, dict) and obj["metadata"]["name"] != name:
                                 continue
                             sent = rv
                             if kind == "RAW":
@@ -320,6 +461,16 @@ class FakeAPIServer:
                     self.wfile.flush()
                 except OSError:
                     pass
+
+            def do_DELETE(self) -> None:
+                path = urlparse(self.path).path
+                api.requests.append("DELETE " + self.path)
+                with api.cond:
+                    if path not in api.store:
+                        self._json(404, {"kind": "Status", "code": 404, "reason": "NotFound"})
+                        return
+                    api.save(path, None, "delete")
+                self._json(200, {"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 200})
 
             def do_PATCH(self) -> None:
                 url = urlparse(self.path)

@@ -1,15 +1,19 @@
-"""certs ensure and the in-server certificate keeper, with the real kubernetes client against a server
-that speaks the API for Secrets and MutatingWebhookConfigurations (create, get, update with conflicts on
-resourceVersion, JSON patch with a resourceVersion test)."""
+"""certs ensure and the in-server keeper, with the real kubernetes client against a server that speaks
+the API for Secrets and MutatingWebhookConfigurations (create, get, JSON patch with a resourceVersion
+test, list and watch narrowed by a metadata.name field selector)."""
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import json
 import ssl
 import subprocess
 import sys
 import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -20,10 +24,11 @@ from cryptography import x509
 from certs.authority import generate_ca, generate_files
 from certs.rotation import load_bundle
 from tests.fake_apiserver import FakeAPIServer
-from tests.server_process import free_port, running_server
+from tests.server_process import Server, free_port, running_server
 from tests.support import eventually
 from webhook.cluster.access import api_client
-from webhook.cluster.certificates import CertificateKeeper, CertificateManager
+from webhook.cluster.certificates import POLICY_ANNOTATION, CertificateManager
+from webhook.cluster.keeper import AdmissionKeeper
 from webhook.config import ClusterSettings
 
 MWC = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/cw"
@@ -103,7 +108,7 @@ def test_renewal_at_two_thirds_keeps_the_ca_and_the_bundle(cluster: FakeAPIServe
     assert renewed.note == "new serving certificate"
     assert renewed.data["tls.crt"] != first.data["tls.crt"]
     assert renewed.bundle == first.bundle
-    assert cluster.writes[-1] == f"update {SECRET}", "the caBundle did not change: no patch"
+    assert cluster.writes[-1] == f"patch {SECRET}", "the caBundle did not change: no patch"
 
 
 def test_ca_rotation_never_serves_a_certificate_the_published_bundle_does_not_trust(
@@ -193,47 +198,191 @@ def test_certs_ensure_command(cluster: FakeAPIServer, tmp_path: Path) -> None:
     assert "Traceback" not in missing.stderr
 
 
-def test_serve_keeps_its_own_certificate_and_checks_the_published_bundle(
-    cluster: FakeAPIServer, tmp_path: Path
-) -> None:
-    """self-signed mode end to end: the server ensures its certificate before serving, serves it, and its
-    self-check (a handshake verified against the caBundle read back from the webhook configuration) passes."""
+class Report:
+    def __init__(self) -> None:
+        self.checks: list[str | None] = []
+
+    def self_check(self, why: str | None) -> None:
+        self.checks.append(why)
+
+    def bundle_expiry(self, bundle: bytes) -> None:
+        pass
+
+    def renewal(self, result: str) -> None:
+        pass
+
+    def bundle_repair(self) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def _serving(cluster: FakeAPIServer, tmp_path: Path, *args: str, name: str = "srv") -> Iterator[Server]:
+    """`serve` as the chart runs it: POD_NAMESPACE and POD_IP from the downward API, no self-check address."""
     port = free_port()
     config = f"cluster:\n  kubeconfig: {cluster.kubeconfig(tmp_path / 'kc')}\n"
     tls = tmp_path / "placeholder"
-    generate_files(tls, "placeholder", "x", dns=["localhost"])  # overwritten by the server's own
-    args = ("--certs-secret", "cw-tls", "--webhook-config", "cw", "--self-check-address", f"127.0.0.1:{port}")
-    with running_server(
-        tls, tmp_path / "srv", *args, config=config, env={"POD_NAMESPACE": "flyte"}, port=port
-    ) as server:
-        (tmp_path / "bundle.crt").write_bytes(_bundles(cluster)[0])
-        assert eventually(
-            lambda: "copilot_webhook_tls_self_check 1.0" in _metrics(server.port, tmp_path / "bundle.crt")
-        )
-        assert 'copilot_webhook_certificate_renewals_total{result="renewed"} 1.0' in _metrics(
-            server.port, tmp_path / "bundle.crt"
-        )
+    if not tls.exists():
+        generate_files(tls, "placeholder", "x", dns=["localhost"])  # overwritten by the server's own
+    env = {"POD_NAMESPACE": "flyte", "POD_IP": "127.0.0.1"}
+    with running_server(tls, tmp_path / name, *args, config=config, env=env, port=port) as server:
+        yield server
+
+
+def _ours(cluster: FakeAPIServer, tmp_path: Path) -> Path:
+    path = tmp_path / "bundle.crt"
+    path.write_bytes(_bundles(cluster)[0])
+    return path
+
+
+def test_serve_keeps_its_own_certificate_and_checks_its_own_listener(cluster: FakeAPIServer, tmp_path: Path) -> None:
+    """self-signed mode end to end: the server ensures its certificate before serving, serves it, and its
+    self-check (a handshake with its own pod IP for the Service name, verified against the caBundle read
+    back from the webhook configuration) passes."""
+    with _serving(cluster, tmp_path, "--certs-secret", "cw-tls", "--webhook-config", "cw") as server:
+        ca = _ours(cluster, tmp_path)
+        assert eventually(lambda: "copilot_webhook_tls_self_check 1.0" in _metrics(server.port, ca))
+        assert 'copilot_webhook_certificate_renewals_total{result="renewed"} 1.0' in _metrics(server.port, ca)
         assert (server.workdir / "tls.crt").read_bytes() == base64.b64decode(cluster.store[SECRET]["data"]["tls.crt"])
 
         # The same check, run here, must fail once the published caBundle no longer signs what is served.
-        reports: list[str | None] = []
-
-        class Report:
-            def self_check(self, why: str | None) -> None:
-                reports.append(why)
-
-            def bundle_expiry(self, bundle: bytes) -> None:
-                pass
-
-        keeper = CertificateKeeper(_manager(cluster, tmp_path), tmp_path, Report(), ("127.0.0.1", server.port))
+        report = Report()
+        listening = threading.Event()
+        listening.set()
+        keeper = AdmissionKeeper(_manager(cluster, tmp_path), report, ("127.0.0.1", server.port), listening)
         assert keeper.check() is None
         foreign = base64.b64encode(generate_ca("someone else").cert_pem).decode()
-        for hook in cluster.store[MWC]["webhooks"]:
+        for hook in cluster.store[MWC]["webhooks"]:  # behind the server's back: no watch event
             hook["clientConfig"]["caBundle"] = foreign
         failure = keeper.check()
         assert failure is not None
         assert "CERTIFICATE_VERIFY_FAILED" in failure
-        assert reports == [None, failure]
+        assert report.checks == [None, failure]
+
+
+def _blank(config: dict[str, Any]) -> None:
+    for hook in config["webhooks"]:
+        hook["clientConfig"].pop("caBundle", None)
+
+
+def _foreign(config: dict[str, Any]) -> None:
+    foreign = base64.b64encode(generate_ca("someone else").cert_pem).decode()
+    for hook in config["webhooks"]:
+        hook["clientConfig"]["caBundle"] = foreign
+
+
+def _new_webhook(config: dict[str, Any]) -> None:
+    config["webhooks"].append(
+        {"name": "third.copilot-webhook.io", "clientConfig": {"service": {"name": "cw", "namespace": "flyte"}}}
+    )
+
+
+def test_a_blanked_or_foreign_ca_bundle_is_repaired_within_seconds(cluster: FakeAPIServer, tmp_path: Path) -> None:
+    """Someone (an old chart's upgrade, a GitOps sync, kubectl apply) overwrites the caBundle: the watch sees
+    it and the server re-asserts its own, without waiting for the next renewal."""
+    with _serving(cluster, tmp_path, "--certs-secret", "cw-tls", "--webhook-config", "cw") as server:
+        ours = base64.b64encode(_bundles(cluster)[0]).decode()
+        ca = _ours(cluster, tmp_path)
+        assert eventually(lambda: "copilot_webhook_tls_self_check 1.0" in _metrics(server.port, ca))
+        took = []
+        for change in (_blank, _foreign, _new_webhook):
+            time.sleep(1.1)  # repairs closer than a second apart back off; these are separate incidents
+            cluster.edit(MWC, change)
+            start = time.monotonic()
+            assert eventually(
+                lambda: all(w["clientConfig"].get("caBundle") == ours for w in cluster.store[MWC]["webhooks"]),
+                timeout=5,
+            ), f"{change.__name__}: not repaired; log:\n{server.output()}"
+            took.append(time.monotonic() - start)
+        assert max(took) < 3, took
+        assert "copilot_webhook_ca_bundle_repairs_total 3.0" in _metrics(server.port, ca)
+        assert "copilot_webhook_tls_self_check 1.0" in _metrics(server.port, ca)
+
+
+def _policies(cluster: FakeAPIServer) -> dict[str, str]:
+    return {w["name"]: w.get("failurePolicy", "") for w in cluster.store[MWC]["webhooks"]}
+
+
+def test_a_fresh_install_fails_open_until_its_bundle_verifies(cluster: FakeAPIServer, tmp_path: Path) -> None:
+    """The chart renders Ignore and declares Fail in the annotation: the init container's `certs ensure`
+    publishes the bundle but leaves the policy; the server patches Fail in only after its own listener
+    verified against that bundle."""
+    declared = {"ptrace.copilot-webhook.io": "Fail", "image-puller.copilot-webhook.io": "Ignore"}
+    config = cluster.store[MWC]
+    config["metadata"]["annotations"] = {POLICY_ANNOTATION: json.dumps(declared)}
+    for hook in config["webhooks"]:
+        hook["failurePolicy"] = "Ignore"
+    args = ("--secret", "cw-tls", "--webhook-config", "cw", "--namespace", "flyte", "--out", str(tmp_path / "out"))
+    assert _cli(cluster, tmp_path, *args).returncode == 0
+    assert _bundles(cluster)[0]
+    assert _policies(cluster) == {"ptrace.copilot-webhook.io": "Ignore", "image-puller.copilot-webhook.io": "Ignore"}
+    with _serving(cluster, tmp_path, "--certs-secret", "cw-tls", "--webhook-config", "cw") as server:
+        assert eventually(lambda: _policies(cluster) == declared, timeout=10), server.output()
+        assert eventually(lambda: "failure policies now ptrace.copilot-webhook.io=Fail" in server.output())
+
+
+def test_cert_manager_mode_promotes_the_policy_only_once_the_injected_bundle_verifies(
+    cluster: FakeAPIServer, tmp_path: Path, tls_dir: Path
+) -> None:
+    """No Secret of ours: the server only watches, checks and promotes. Until cert-manager's injector puts a
+    caBundle in, the webhook stays Ignore; a bundle that does not sign what we serve does not count."""
+    declared = {"ptrace.copilot-webhook.io": "Fail", "image-puller.copilot-webhook.io": "Fail"}
+    config = cluster.store[MWC]
+    config["metadata"]["annotations"] = {POLICY_ANNOTATION: json.dumps(declared)}
+    for hook in config["webhooks"]:
+        hook["failurePolicy"] = "Ignore"
+    names = ["cw", "cw.flyte", "cw.flyte.svc", "cw.flyte.svc.cluster.local"]
+    generate_files(tmp_path / "issued", "cw", "flyte", dns=names)
+    port = free_port()
+    kubeconfig = f"cluster:\n  kubeconfig: {cluster.kubeconfig(tmp_path / 'kc')}\n"
+    env = {"POD_NAMESPACE": "flyte", "POD_IP": "127.0.0.1"}
+    with running_server(
+        tmp_path / "issued", tmp_path / "srv", "--webhook-config", "cw", config=kubeconfig, env=env, port=port
+    ) as server:
+        assert eventually(lambda: "no caBundle" in server.output(), timeout=10)
+        cluster.edit(MWC, _foreign)
+        time.sleep(1.5)
+        assert _policies(cluster) == {
+            "ptrace.copilot-webhook.io": "Ignore",
+            "image-puller.copilot-webhook.io": "Ignore",
+        }
+        injected = base64.b64encode((tmp_path / "issued" / "ca.crt").read_bytes()).decode()
+
+        def inject(config: dict[str, Any]) -> None:
+            for hook in config["webhooks"]:
+                hook["clientConfig"]["caBundle"] = injected
+
+        cluster.edit(MWC, inject)
+        assert eventually(lambda: _policies(cluster) == declared, timeout=5), server.output()
+
+
+def test_two_replicas_starting_at_once_serve_the_chart_owned_secret(cluster: FakeAPIServer, tmp_path: Path) -> None:
+    """The chart makes the Secret (empty, with Helm's ownership labels); two replicas start together: one
+    certificate, kept in that Secret, its labels and annotations intact, served by both."""
+    cluster.store[SECRET] = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": {
+            "name": "cw-tls",
+            "namespace": "flyte",
+            "resourceVersion": "2",
+            "labels": {"app.kubernetes.io/managed-by": "Helm"},
+            "annotations": {"meta.helm.sh/release-name": "cw", "meta.helm.sh/release-namespace": "flyte"},
+        },
+    }
+    args = ("--certs-secret", "cw-tls", "--webhook-config", "cw")
+    with contextlib.ExitStack() as stack, ThreadPoolExecutor(2) as pool:
+        starting = [pool.submit(stack.enter_context, _serving(cluster, tmp_path, *args, name=f"r{n}")) for n in (0, 1)]
+        servers = [f.result(timeout=60) for f in starting]
+        secret = cluster.store[SECRET]
+        assert secret["metadata"]["labels"] == {"app.kubernetes.io/managed-by": "Helm"}
+        assert secret["metadata"]["annotations"]["meta.helm.sh/release-name"] == "cw"
+        assert not any(w.startswith("create") for w in cluster.writes)
+        served = {(s.workdir / "tls.crt").read_bytes() for s in servers}
+        assert served == {base64.b64decode(secret["data"]["tls.crt"])}
+        ca = _ours(cluster, tmp_path)
+        for server in servers:
+            assert eventually(lambda s=server: "copilot_webhook_tls_self_check 1.0" in _metrics(s.port, ca))
 
 
 def _metrics(port: int, ca: Path) -> str:

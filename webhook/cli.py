@@ -1,4 +1,4 @@
-"""The `copilot-webhook` command line: serve, certs, preview, audit, label-nodes, config show.
+"""The `copilot-webhook` command line: serve, certs, preview, audit, label-nodes, verify, unregister, config show.
 
 Exit codes: 0 success, 2 usage or invalid configuration, 1 other failures; `audit` exits 3 when pods would change.
 """
@@ -34,12 +34,19 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--tls-key")
     serve.add_argument("--client-ca", help="require client certificates signed by this CA")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    serve.add_argument("--certs-secret", help="self-signed TLS: renew the certificate kept in this Secret")
-    serve.add_argument("--webhook-config", help="self-signed TLS: the MutatingWebhookConfiguration to keep in step")
-    serve.add_argument("--service", help="self-signed TLS: the webhook's Service (default: the webhook configuration)")
+    serve.add_argument(
+        "--webhook-config",
+        help="our MutatingWebhookConfiguration: watch it, self-check against its caBundle, patch in the "
+        "failure policies its annotation declares once the check passes",
+    )
+    serve.add_argument("--service", help="the webhook's Service (default: the webhook configuration's name)")
+    serve.add_argument(
+        "--certs-secret", help="self-signed TLS: keep the certificate in this Secret and the caBundle in step"
+    )
     serve.add_argument("--certs-days", type=int, default=90, help="self-signed TLS: certificate lifetime (default 90)")
     serve.add_argument(
-        "--self-check-address", help="self-signed TLS: HOST:PORT to check the handshake against (default: the Service)"
+        "--self-check-address",
+        help="HOST:PORT ([v6]:PORT) for the self-check (default: $POD_IP and server.port, else the Service on 443)",
     )
 
     certs = commands.add_parser("certs", help="certificates for the webhook Service")
@@ -85,6 +92,17 @@ def _parser() -> argparse.ArgumentParser:
     audit.add_argument("--config", help="YAML configuration file: ask 'what if I switched to this policy?'")
     audit.add_argument("--namespace", "-n", help="only this namespace (default: all)")
     audit.add_argument("--output", "-o", choices=["table", "json"], default="table")
+
+    verify = commands.add_parser(
+        "verify", help="send a review and a preview through the webhook's Service, trusting only the published caBundle"
+    )
+    verify.add_argument("--webhook-config", required=True, help="the MutatingWebhookConfiguration to verify")
+    verify.add_argument("--address", help="HOST:PORT to dial instead of the Service (its DNS name is still verified)")
+    verify.add_argument("--config", help="YAML configuration file (for cluster access settings)")
+
+    unregister = commands.add_parser("unregister", help="delete the MutatingWebhookConfiguration (helm's pre-delete)")
+    unregister.add_argument("--webhook-config", required=True, help="the MutatingWebhookConfiguration to delete")
+    unregister.add_argument("--config", help="YAML configuration file (for cluster access settings)")
 
     config = commands.add_parser("config", help="configuration")
     config_commands = config.add_subparsers(dest="config_command", required=True, metavar="COMMAND")
@@ -246,6 +264,39 @@ def _certs_ensure(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _address(text: str) -> tuple[str, int] | None:
+    host, _, port = text.rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    return (host, int(port)) if host and port.isdigit() else None
+
+
+def _install_step(args: argparse.Namespace, settings: Settings) -> int:
+    """`verify` and `unregister`: what the chart's test and pre-delete hooks run."""
+    from webhook.cluster.access import ClusterAccessError, api_client
+    from webhook.cluster.install import unregister, verify
+
+    address = None
+    if getattr(args, "address", None):
+        address = _address(args.address)
+        if address is None:
+            print("copilot-webhook: --address must be HOST:PORT or [IPv6]:PORT", file=sys.stderr)
+            return EXIT_USAGE
+    try:
+        api = api_client(settings.cluster)
+        if api is None:
+            raise ClusterAccessError("no cluster access (no service account, no kubeconfig)")
+        if args.command == "unregister":
+            print(unregister(api, args.webhook_config))
+            return EXIT_OK
+        checks = verify(api, args.webhook_config, address)
+    except Exception as exc:  # an API error: say which, no traceback
+        print(f"copilot-webhook: {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    for check in checks:
+        print(f"{'ok  ' if check.ok else 'FAIL'}  {check.name}: {check.detail}")
+    return EXIT_OK if checks and all(c.ok for c in checks) else EXIT_FAILURE
+
+
 def _certs(args: argparse.Namespace) -> int:
     if args.certs_command == "ensure":
         return _certs_ensure(args)
@@ -283,20 +334,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _label_nodes(args, settings)
     if args.command == "audit":
         return _audit(args, settings)
+    if args.command in ("verify", "unregister"):
+        return _install_step(args, settings)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from webhook.serve import serve
 
     managed = None
-    if args.certs_secret:
-        if not args.webhook_config:
-            print("copilot-webhook: --certs-secret needs --webhook-config", file=sys.stderr)
-            return EXIT_USAGE
+    if args.certs_secret and not args.webhook_config:
+        print("copilot-webhook: --certs-secret needs --webhook-config", file=sys.stderr)
+        return EXIT_USAGE
+    if args.webhook_config:
         managed = (args.certs_secret, args.webhook_config, args.service or args.webhook_config, args.certs_days)
     check = None
     if args.self_check_address:
-        host, _, port = args.self_check_address.rpartition(":")
-        if not host or not port.isdigit():
-            print("copilot-webhook: --self-check-address must be HOST:PORT", file=sys.stderr)
+        check = _address(args.self_check_address)
+        if check is None:
+            print("copilot-webhook: --self-check-address must be HOST:PORT or [IPv6]:PORT", file=sys.stderr)
             return EXIT_USAGE
-        check = (host, int(port))
     return serve(settings, getattr(args, "config", None), _serve_overrides(args), managed, check)

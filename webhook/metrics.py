@@ -99,13 +99,19 @@ class Metrics:
         )
         self.tls_self_check = Gauge(
             "copilot_webhook_tls_self_check",
-            "1 when a handshake with our own Service verified against the caBundle stored in the webhook "
-            "configuration at the last check, 0 when it did not.",
+            "1 when a handshake with our own listener, for the Service name, verified against the caBundle stored "
+            "in the webhook configuration at the last check, 0 when it did not.",
             registry=self.registry,
         )
         self.ca_bundle_expiry = Gauge(
             "copilot_webhook_ca_bundle_expiry_timestamp_seconds",
             "Unix time at which the first CA of the published caBundle expires.",
+            registry=self.registry,
+        )
+        self.ca_bundle_repairs = Counter(
+            "copilot_webhook_ca_bundle_repairs",
+            "Times the server re-asserted its caBundle after the webhook configuration drifted or the self-check "
+            "failed.",
             registry=self.registry,
         )
         self.previews_in_flight = Gauge(
@@ -134,6 +140,9 @@ class Metrics:
 
     def self_check(self, failure: str | None) -> None:
         self.tls_self_check.set(0 if failure else 1)
+
+    def bundle_repair(self) -> None:
+        self.ca_bundle_repairs.inc()
 
     def bundle_expiry(self, bundle: bytes) -> None:
         end = expiry(bundle)

@@ -10,8 +10,10 @@ import contextlib
 import gc
 import logging
 import math
+import os
 import signal
 import ssl
+import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -21,13 +23,14 @@ from typing import Any
 import uvicorn
 
 from webhook.cluster.access import ClusterAccessError, ClusterView, api_client
-from webhook.cluster.certificates import CertificateKeeper, CertificateManager, own_namespace
+from webhook.cluster.certificates import CertificateManager, own_namespace
+from webhook.cluster.keeper import AdmissionKeeper
 from webhook.config import ConfigError, Settings, load_settings
 from webhook.connections import Limits, protocol_class
 from webhook.metrics import Metrics
 from webhook.previewer import no_cluster_export
 from webhook.review import NamespaceFacts, no_cluster
-from webhook.server import Readiness, WebhookApp
+from webhook.server import MetricsApp, Readiness, WebhookApp
 from webhook.tls import ReloadingTLS, TLSFiles, file_stamp
 
 log = logging.getLogger(__name__)
@@ -45,7 +48,12 @@ class ReloadingServer(uvicorn.Server):
     """
 
     def __init__(
-        self, config: uvicorn.Config, reload: Callable[[], None], limits: Limits, drain_seconds: float
+        self,
+        config: uvicorn.Config,
+        reload: Callable[[], None],
+        limits: Limits,
+        drain_seconds: float,
+        metrics: uvicorn.Server | None = None,
     ) -> None:
         super().__init__(config)
         self._reload = reload
@@ -53,6 +61,22 @@ class ReloadingServer(uvicorn.Server):
         self._drain_seconds = drain_seconds
         self._drain_until: float | None = None
         self._reload_now = False
+        self._metrics = metrics  # the plain-HTTP /metrics listener, started and stopped with this one
+        self.listening = threading.Event()
+
+    async def startup(self, sockets: list[Any] | None = None) -> None:
+        await super().startup(sockets)
+        if self._metrics is not None and not self.should_exit:
+            self._metrics.config.load()
+            self._metrics.lifespan = self._metrics.config.lifespan_class(self._metrics.config)
+            await self._metrics.startup()
+        if self.started:
+            self.listening.set()
+
+    async def shutdown(self, sockets: list[Any] | None = None) -> None:
+        if self._metrics is not None and self._metrics.started:
+            await self._metrics.shutdown()
+        await super().shutdown(sockets)
 
     def request_reload(self, _signal: int, _frame: FrameType | None) -> None:
         self._reload_now = True
@@ -129,10 +153,11 @@ def serve(
     settings: Settings,
     config_file: str | None,
     overrides: Mapping[str, Any],
-    managed: tuple[str, str, str, int] | None = None,
+    managed: tuple[str | None, str, str, int] | None = None,
     check_address: tuple[str, int] | None = None,
 ) -> int:
-    """`managed`: (Secret, webhook configuration, Service, days) when the server keeps its own certificate."""
+    """`managed`: (Secret, webhook configuration, Service, days) when the server watches its own webhook
+    configuration; with a Secret it also keeps its own certificate (self-signed TLS)."""
     server_settings = settings.server
     metrics = Metrics()
     keeper = None
@@ -169,8 +194,6 @@ def serve(
         readiness.append(view.readiness)
         namespaces = view
         metrics.watch_nodes(view.nodes.by_runtime)
-    if keeper is not None:
-        keeper.start()
     app = WebhookApp(
         settings,
         metrics,
@@ -192,7 +215,27 @@ def serve(
         # Endpoints are removed from the Service before SIGTERM reaches us (preStop); finish what is in flight.
         timeout_graceful_shutdown=10,
     )
-    server = ReloadingServer(config, Reloader(app, tls, config_file, overrides), limits, server_settings.drain_seconds)
+    metrics_server = None
+    if server_settings.metrics_port:
+        metrics_server = uvicorn.Server(
+            uvicorn.Config(
+                MetricsApp(metrics),
+                host=server_settings.host,
+                port=server_settings.metrics_port,
+                http=protocol_class(Limits(16, server_settings.idle_timeout_seconds)),
+                lifespan="off",
+                access_log=False,
+                server_header=False,
+                log_config=None,
+            )
+        )
+    server = ReloadingServer(
+        config,
+        Reloader(app, tls, config_file, overrides),
+        limits,
+        server_settings.drain_seconds,
+        metrics_server,
+    )
     with contextlib.suppress(ValueError):  # only the main thread may set handlers (tests run serve in threads)
         signal.signal(signal.SIGHUP, server.request_reload)
     log.info(
@@ -206,6 +249,9 @@ def serve(
     # the oldest generation skips it (6% more /mutate/ptrace throughput, measured side by side).
     gc.collect()
     gc.freeze()
+    if keeper is not None:
+        keeper.listening = server.listening
+        keeper.start()
     try:
         server.run()
     finally:
@@ -213,25 +259,35 @@ def serve(
         if view is not None:
             view.stop()
         if keeper is not None:
-            keeper.stop.set()
+            keeper.close()
     return 0
 
 
 def _keeper(
-    settings: Settings, managed: tuple[str, str, str, int], check_address: tuple[str, int] | None, metrics: Metrics
-) -> CertificateKeeper | None:
-    """Self-signed TLS: make sure a certificate is on disk before serving, then keep it renewed."""
+    settings: Settings,
+    managed: tuple[str | None, str, str, int],
+    check_address: tuple[str, int] | None,
+    metrics: Metrics,
+) -> AdmissionKeeper | None:
+    """Watch our webhook configuration; with a Secret, make sure a certificate is on disk before serving."""
     secret, webhook_config, service, days = managed
     namespace = own_namespace()
     try:
         api = api_client(settings.cluster)
         if api is None or namespace is None:
-            raise ClusterAccessError("--certs-secret needs cluster access and the pod's namespace ($POD_NAMESPACE)")
-        manager = CertificateManager(api, secret, namespace, webhook_config, service, days)
-        keeper = CertificateKeeper(manager, Path(settings.server.tls_cert).parent, metrics, check_address)
-        state = manager.ensure(keeper.out)
-        metrics.renewal("renewed" if state.changed else "current")
+            raise ClusterAccessError("--webhook-config needs cluster access and the pod's namespace ($POD_NAMESPACE)")
+        manager = CertificateManager(api, secret or "", namespace, webhook_config, service, days)
+        if check_address is None:
+            # Our own listener, as the API server would dial it: not whichever replica the Service picks.
+            pod_ip = os.environ.get("POD_IP")
+            check_address = (pod_ip, settings.server.port) if pod_ip else (manager.names[2], 443)
+        out = Path(settings.server.tls_cert).parent if secret else None
+        bundle = None
+        if out is not None:
+            state = manager.ensure(out)
+            metrics.renewal("renewed" if state.changed else "current")
+            bundle = state.bundle
     except Exception as exc:
-        log.error("cannot ensure the serving certificate in %s: %s", secret, exc)
+        log.error("cannot ensure the serving certificate in %s: %s", secret or webhook_config, exc)
         return None
-    return keeper
+    return AdmissionKeeper(manager, metrics, check_address, threading.Event(), out, bundle)

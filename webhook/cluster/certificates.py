@@ -2,9 +2,15 @@
 in our Secret and the caBundle of our webhook configuration in step, safely when replicas race.
 
 Every write is conditional: a Secret is created only if absent (409: another replica won; read theirs),
-replaced only at the resourceVersion we read (409: read again), and the webhook configuration is
-JSON-patched with a `test` of its resourceVersion (422: read again). What to write is decided by
-`certs.rotation.next_state`, which never lets the served certificate and the caBundle disagree.
+its data replaced by a JSON patch that tests the resourceVersion we read (so the labels and annotations
+the chart set stay), and the webhook configuration is JSON-patched with the same test (409/422: read
+again). What to write is decided by `certs.rotation.next_state`, which never lets the served certificate
+and the caBundle disagree.
+
+Fail open until trusted: the chart renders `failurePolicy: Ignore` until the webhook configuration holds
+a caBundle, with the declared policies in the `copilot-webhook.io/failure-policies` annotation. The
+server patches them in (`promote_policies`) only after a handshake with its own listener verified against
+the published bundle, so a fresh install never rejects a pod because the API server cannot reach us yet.
 """
 
 from __future__ import annotations
@@ -14,8 +20,6 @@ import logging
 import os
 import socket
 import ssl
-import threading
-import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
@@ -32,7 +36,8 @@ log = logging.getLogger(__name__)
 
 NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 JSON_PATCH = "application/json-patch+json"
-FIRST_CHECK_SECONDS = 3.0
+POLICY_ANNOTATION = "copilot-webhook.io/failure-policies"
+POLICIES = ("Ignore", "Fail")
 
 
 class EnsureError(RuntimeError):
@@ -95,21 +100,26 @@ class CertificateManager:
 
     # --- writes ---------------------------------------------------------------------------------------
     def _write_secret(self, state: State, resource_version: str | None) -> bool:
-        metadata = client.V1ObjectMeta(
-            name=self.secret,
-            namespace=self.namespace,
-            labels={"app.kubernetes.io/name": "copilot-webhook"},
-            resource_version=resource_version,
-        )
         data: dict[str, bytes | str] = {k: base64.b64encode(v).decode() for k, v in sorted(state.data.items())}
-        body = client.V1Secret(api_version="v1", kind="Secret", type="Opaque", metadata=metadata, data=data)
         try:
-            if resource_version is None:
+            if resource_version is None:  # no chart made it (`certs ensure` on its own): create it
+                metadata = client.V1ObjectMeta(
+                    name=self.secret, namespace=self.namespace, labels={"app.kubernetes.io/name": "copilot-webhook"}
+                )
+                body = client.V1Secret(api_version="v1", kind="Secret", type="Opaque", metadata=metadata, data=data)
                 _raw(self.core.create_namespaced_secret(self.namespace, body, _preload_content=False))
             else:
-                _raw(self.core.replace_namespaced_secret(self.secret, self.namespace, body, _preload_content=False))
+                ops: list[dict[str, Any]] = [
+                    {"op": "test", "path": "/metadata/resourceVersion", "value": resource_version},
+                    {"op": "add", "path": "/data", "value": data},
+                ]
+                _raw(
+                    self.core.patch_namespaced_secret(
+                        self.secret, self.namespace, ops, _content_type=JSON_PATCH, _preload_content=False
+                    )
+                )
         except ApiException as exc:
-            if exc.status == 409:
+            if exc.status in (409, 422):
                 return False  # another replica wrote first: read again
             raise
         return True
@@ -134,6 +144,55 @@ class CertificateManager:
                 return False
             raise
         return True
+
+    @staticmethod
+    def declared_policies(config: Mapping[str, Any]) -> dict[str, str]:
+        """The failure policies the chart declared, by webhook name (the annotation; {} without one)."""
+        raw = ((config.get("metadata") or {}).get("annotations") or {}).get(POLICY_ANNOTATION)
+        try:
+            declared = orjson.loads(raw) if raw else {}
+        except orjson.JSONDecodeError:
+            declared = None
+        if not isinstance(declared, dict) or not all(v in POLICIES for v in declared.values()):
+            log.warning(
+                "ignoring the %s annotation: not a JSON object of Ignore or Fail: %.200r", POLICY_ANNOTATION, raw
+            )
+            return {}
+        return declared
+
+    def pending_policies(self, config: Mapping[str, Any]) -> list[tuple[int, str]]:
+        """(index, policy) of each webhook holding a caBundle whose failurePolicy is not yet the declared one."""
+        declared = self.declared_policies(config)
+        return [
+            (i, declared[hook.get("name")])
+            for i, hook in enumerate(config.get("webhooks") or ())
+            if hook.get("name") in declared
+            and (hook.get("clientConfig") or {}).get("caBundle")
+            and hook.get("failurePolicy") != declared[hook.get("name")]
+        ]
+
+    def promote_policies(self) -> list[str]:
+        """Patch in the declared failure policies (call once our listener verified against the published
+        bundle). The names of the webhooks changed; [] when nothing was pending or another replica won."""
+        config = self.read_webhook_config()
+        pending = self.pending_policies(config)
+        if not pending:
+            return []
+        ops: list[dict[str, Any]] = [
+            {"op": "test", "path": "/metadata/resourceVersion", "value": config["metadata"]["resourceVersion"]}
+        ]
+        ops += [{"op": "add", "path": f"/webhooks/{i}/failurePolicy", "value": policy} for i, policy in pending]
+        try:
+            _raw(
+                self.admission.patch_mutating_webhook_configuration(
+                    self.webhook_config, ops, _content_type=JSON_PATCH, _preload_content=False
+                )
+            )
+        except ApiException as exc:
+            if exc.status in (409, 422):
+                return []
+            raise
+        return [f"{config['webhooks'][i]['name']}={policy}" for i, policy in pending]
 
     # --- the whole step -------------------------------------------------------------------------------
     def ensure(self, out: Path | None = None, now: datetime | None = None, attempts: int = 8) -> State:
@@ -176,73 +235,3 @@ def handshake_verifies(address: tuple[str, int], server_name: str, bundle: bytes
             return None
     except (OSError, ssl.SSLError, ValueError) as exc:
         return f"{type(exc).__name__}: {exc}"
-
-
-class CertificateKeeper:
-    """In the server (self-signed mode): renew through `ensure` every `renew_every` seconds, writing the
-    files the TLS reloader picks up, and check every `check_every` seconds that a handshake with our own
-    Service verifies against the caBundle actually stored in the webhook configuration."""
-
-    def __init__(
-        self,
-        manager: CertificateManager,
-        out: Path,
-        report: Any,
-        check_address: tuple[str, int] | None = None,
-        renew_every: float = 600.0,
-        check_every: float = 300.0,
-    ) -> None:
-        self.manager, self.out, self.report = manager, out, report
-        service_name = manager.names[2]  # <svc>.<ns>.svc, the name the API server dials
-        self.server_name = service_name
-        self.check_address = check_address or (service_name, 443)
-        self.renew_every, self.check_every = renew_every, check_every
-        self.stop = threading.Event()
-
-    def renew(self) -> None:
-        try:
-            state = self.manager.ensure(self.out)
-        except Exception as exc:  # the served certificate stays; try again next round
-            log.error("certificate renewal failed: %s", exc)
-            self.report.renewal("failed")
-            return
-        self.report.renewal("renewed" if state.changed else "current")
-        if state.changed:
-            log.info("certificate: %s", state.note)
-
-    def check(self) -> str | None:
-        try:
-            bundle = self.manager.published(self.manager.read_webhook_config())
-        except Exception as exc:
-            why: str | None = f"cannot read the webhook configuration: {exc}"
-        else:
-            why = (
-                "the webhook configuration has no caBundle"
-                if not bundle
-                else handshake_verifies(self.check_address, self.server_name, bundle)
-            )
-            if bundle:
-                self.report.bundle_expiry(bundle)
-        self.report.self_check(why)
-        if why:
-            log.warning("TLS self-check against the published caBundle failed: %s", why)
-        return why
-
-    def run(self) -> None:
-        # The first renewal ran before the server started; the first check waits for it to listen.
-        next_renew = time.monotonic() + self.renew_every
-        next_check = time.monotonic() + FIRST_CHECK_SECONDS
-        while not self.stop.is_set():
-            now = time.monotonic()
-            if now >= next_renew:
-                self.renew()
-                next_renew = now + self.renew_every
-            if now >= next_check:
-                self.check()
-                next_check = now + self.check_every
-            self.stop.wait(max(0.05, min(next_renew, next_check) - time.monotonic()))
-
-    def start(self) -> threading.Thread:
-        thread = threading.Thread(target=self.run, name="certificate-keeper", daemon=True)
-        thread.start()
-        return thread
