@@ -73,6 +73,9 @@ class ServerSettings(_Section):
     max_connections: int = Field(default=1024, ge=1, le=65536)
     # After SIGTERM: answer for this long with readyz 503 and `Connection: close`, then stop accepting.
     drain_seconds: float = Field(default=2.0, ge=0, le=60)
+    # GET /metrics over plain HTTP on a port of its own (0: off), so a Prometheus scrape needs no client TLS;
+    # nothing else is served there.
+    metrics_port: int = Field(default=0, ge=0, le=65535)
 
     @field_validator("tls_min_version", mode="before")
     @classmethod

@@ -307,3 +307,25 @@ class WebhookApp:
             self.previewer.give_back(worker)
             self.metrics.previews_in_flight.dec()
         return Answer(200, content, content_type)
+
+
+class MetricsApp:
+    """GET /metrics and nothing else, for the plain-HTTP port (server.metricsPort): a scrape needs no client
+    TLS, and neither admission nor previews are reachable without it."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        path = _route_path(scope)
+        if path != "/metrics":
+            answer = error(404, f"no endpoint {path}; this port serves GET /metrics only")
+        elif scope["method"] not in ("GET", "HEAD"):
+            answer = error(405, f"/metrics takes GET, not {scope['method']}", [(b"allow", b"GET")])
+        else:
+            answer = Answer(200, self.metrics.render(), METRICS_CONTENT_TYPE)
+        headers = [(b"content-type", answer.content_type.encode()), (b"content-length", str(len(answer.body)).encode())]
+        await send({"type": "http.response.start", "status": answer.status, "headers": [*headers, *answer.headers]})
+        await send({"type": "http.response.body", "body": answer.body})
