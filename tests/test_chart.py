@@ -1,25 +1,30 @@
-"""The Helm chart, rendered and linted by the real Helm engine (helm-python-sdk, no helm binary), every
-object validated against the Kubernetes schemas of the oldest and newest versions we claim."""
+"""The Helm chart, rendered and linted by the real Helm engine (helm-python-sdk, no helm binary) for each
+Kubernetes version we claim (`Capabilities.KubeVersion`), every object validated against that version's
+schemas."""
 
 from __future__ import annotations
 
 import base64
 import functools
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
 import helm_python as helm
 import kubernetes_validate
+import orjson
 import pytest
 import yaml
 
+from tests import values_table
 from webhook.config import build_settings
+from webhook.metrics import Metrics
 
 CHART = Path(__file__).parent.parent / "deploy" / "helm" / "copilot-webhook"
-README = Path(__file__).parent.parent / "README.md"
-K8S_VERSIONS = ("1.29.0", "1.37.0")
-CRDS = {"Certificate", "Issuer"}  # cert-manager's kinds: no Kubernetes schema to check them against
+K8S_VERSIONS = ("1.29.0", "1.30.0", "1.33.0", "1.37.0")
+# cert-manager's and the Prometheus operator's kinds: no Kubernetes schema to check them against
+CRDS = {"Certificate", "Issuer", "ServiceMonitor", "PodMonitor"}
 
 
 @functools.cache
@@ -27,9 +32,16 @@ def _chart() -> helm.Chart:
     return helm.Chart.load(CHART)
 
 
-def render(values: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
-    """The rendered objects by "Kind/name"."""
-    manifests = _chart().render(values or {}, name="cw", namespace="flyte", is_install=True)
+def render(values: dict[str, Any] | None = None, kube_version: str = "1.33.0") -> dict[str, dict[str, Any]]:
+    """The rendered objects by "Kind/name", as Helm renders them for a cluster of `kube_version` (the
+    Python binding does not expose the engine's kube_version option; its C entry point takes it)."""
+    from helm_python import _native
+
+    options = {"name": "cw", "namespace": "flyte", "is_install": True, "kube_version": f"v{kube_version}"}
+    raw = _native.call_string(
+        "helm_render", _chart()._raw(), orjson.dumps(values or {}).decode(), orjson.dumps(options).decode()
+    )
+    manifests: dict[str, str] = orjson.loads(raw)
     objects = {}
     for path, text in manifests.items():
         if path.endswith("NOTES.txt"):
@@ -50,6 +62,20 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "shadow": {"mode": "shadow"},
     "no-match-conditions": {"webhook": {"matchConditions": False}},
     "cert-manager": {"tls": {"mode": "cert-manager"}},
+    "single-replica": {"replicaCount": 1},
+    "autoscaled": {"autoscaling": {"enabled": True, "minReplicas": 2, "maxReplicas": 4}},
+    "host-network": {"hostNetwork": True, "server": {"port": 10260, "metricsPort": 10261}},
+    "pinned-image": {"image": {"digest": "sha256:" + "ab" * 32}},
+    "network-policy": {"networkPolicy": {"enabled": True}},
+    "monitoring": {
+        "monitoring": {
+            "serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"}},
+            "podMonitor": {"enabled": True},
+            "grafanaDashboard": {"enabled": True, "namespace": "monitoring"},
+        }
+    },
+    "no-metrics-port": {"server": {"metricsPort": 0}},
+    "drop-guaranteed": {"ptrace": {"mode": "drop"}, "webhook": {"ptrace": {"validatingPolicy": True}}},
     "secret": {
         "tls": {
             "mode": "secret",
@@ -60,16 +86,27 @@ VARIANTS: dict[str, dict[str, Any]] = {
 }
 
 
+NEEDS_1_30 = {"drop-guaranteed"}  # ValidatingAdmissionPolicy is GA from 1.30
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_every_rendered_object_validates(variant: str) -> None:
-    objects = render(VARIANTS[variant])
+def test_every_rendered_object_validates(variant: str, version: str) -> None:
+    if variant in NEEDS_1_30 and version < "1.30":
+        with pytest.raises(helm.HelmRenderError, match=r"Kubernetes 1\.30"):
+            render(VARIANTS[variant], version)
+        return
+    objects = render(VARIANTS[variant], version)
     for obj in objects.values():
         if obj["kind"] in CRDS:
             continue
-        for version in K8S_VERSIONS:
-            kubernetes_validate.validate(obj, version, strict=True)
+        kubernetes_validate.validate(obj, version, strict=True)
     config = yaml.safe_load(objects["ConfigMap/cw-copilot-webhook"]["data"]["config.yaml"])
     build_settings(config)  # the chart and the server agree on every configuration key
+    hooks = objects["MutatingWebhookConfiguration/cw-copilot-webhook"]["webhooks"]
+    # matchConditions (GA in 1.30) by default only where the API server has them
+    expected = version >= "1.30" and variant != "no-match-conditions"
+    assert all(("matchConditions" in h) == expected for h in hooks if h["name"].startswith("ptrace"))
 
 
 def test_default_objects() -> None:
@@ -79,11 +116,14 @@ def test_default_objects() -> None:
         "ClusterRoleBinding/cw-copilot-webhook",
         "Role/cw-copilot-webhook",
         "RoleBinding/cw-copilot-webhook",
+        "Secret/cw-copilot-webhook-tls",
         "ConfigMap/cw-copilot-webhook",
         "Service/cw-copilot-webhook",
         "Deployment/cw-copilot-webhook",
         "PodDisruptionBudget/cw-copilot-webhook",
         "MutatingWebhookConfiguration/cw-copilot-webhook",
+        "Job/cw-copilot-webhook-unregister",  # helm.sh/hook: pre-delete
+        "Pod/cw-copilot-webhook-verify",  # helm.sh/hook: test
     }
 
 
@@ -132,8 +172,22 @@ def test_webhook_configuration_selectors_and_rules() -> None:
         assert "caBundle" not in hook["clientConfig"], "self-signed: the server patches the caBundle in"
 
 
-def test_each_webhook_has_its_own_failure_policy() -> None:
-    hooks = _webhooks({"webhook": {"ptrace": {"failurePolicy": "Fail"}}})
+def test_each_webhook_declares_its_own_failure_policy_and_fails_open_until_its_bundle_is_in_place() -> None:
+    """Fresh install (no caBundle yet): every webhook renders Ignore; the declared policies travel in the
+    annotation for the server to patch in once its listener verifies against the published bundle."""
+    values = {"webhook": {"ptrace": {"failurePolicy": "Fail"}}}
+    for mode in ({}, {"tls": {"mode": "cert-manager"}}):
+        config = render({**values, **mode})["MutatingWebhookConfiguration/cw-copilot-webhook"]
+        assert {h["name"]: h["failurePolicy"] for h in config["webhooks"]} == {
+            "ptrace.copilot-webhook.io": "Ignore",
+            "image-puller.copilot-webhook.io": "Ignore",
+        }
+        assert orjson.loads(config["metadata"]["annotations"]["copilot-webhook.io/failure-policies"]) == {
+            "ptrace.copilot-webhook.io": "Fail",
+            "image-puller.copilot-webhook.io": "Ignore",
+        }
+    # secret mode: the bundle is known at render, so is the policy
+    hooks = _webhooks({**values, **VARIANTS["secret"]})
     assert hooks["ptrace.copilot-webhook.io"]["failurePolicy"] == "Fail"
     assert hooks["image-puller.copilot-webhook.io"]["failurePolicy"] == "Ignore"
 
@@ -162,7 +216,7 @@ def test_rbac_is_minimal() -> None:
     assert _rules() == {
         "nodes": ["list", "watch"],
         "namespaces": ["list", "watch"],
-        "mutatingwebhookconfigurations": ["get", "patch"],
+        "mutatingwebhookconfigurations": ["get", "list", "watch", "patch", "delete"],
     }
     assert _rules({"imagePuller": {"labeller": True}})["nodes"] == ["list", "watch", "patch"]
     role = render()["ClusterRole/cw-copilot-webhook"]["rules"][2]
@@ -172,10 +226,12 @@ def test_rbac_is_minimal() -> None:
         "apiGroups": [""],
         "resources": ["secrets"],
         "resourceNames": ["cw-copilot-webhook-tls"],
-        "verbs": ["get", "update"],
+        "verbs": ["get", "patch"],
     }
+    assert len(secrets) == 1, "no create on the namespace's Secrets: the chart creates ours"
     assert "Role/cw-copilot-webhook" not in render({"tls": {"mode": "cert-manager"}})
-    assert _rules({"tls": {"mode": "cert-manager"}})["mutatingwebhookconfigurations"] == ["get"]
+    assert "patch" in _rules({"tls": {"mode": "cert-manager"}})["mutatingwebhookconfigurations"]
+    assert "patch" not in _rules(VARIANTS["secret"])["mutatingwebhookconfigurations"]
 
 
 def test_deployment_is_hardened() -> None:
@@ -279,22 +335,8 @@ def test_lint_has_no_errors(variant: str) -> None:
     assert errors == []
 
 
-def _leaves(values: dict[str, Any], prefix: str = "") -> list[str]:
-    keys = []
-    for key, value in values.items():
-        path = f"{prefix}{key}"
-        if isinstance(value, dict) and value and key not in ("requests", "limits"):
-            keys += _leaves(value, path + ".")
-        else:
-            keys.append(path)
-    return keys
-
-
-def test_the_readme_values_table_covers_values_yaml() -> None:
-    values = yaml.safe_load((CHART / "values.yaml").read_text())
-    table = README.read_text().split("<!-- values table -->")[1]
-    missing = [key for key in _leaves(values) if f"`{key}`" not in table]
-    assert missing == [], f"values.yaml keys missing from the README's values table: {missing}"
+def test_the_readme_values_table_is_generated_from_values_yaml() -> None:
+    assert values_table.current() == values_table.table(), "run: python -m tests.values_table"
 
 
 def test_a_single_replica_gets_no_disruption_budget_and_two_get_one_that_lets_unhealthy_pods_go() -> None:
@@ -310,9 +352,33 @@ def test_control_plane_namespaces_are_excluded_whatever_the_values_say() -> None
         assert excluded == ["kube-system", "kube-public", "kube-node-lease", "legacy-team", "flyte"]
 
 
-def test_usable_as_a_dependency_of_an_umbrella_chart() -> None:
-    """Helm passes `global` to every subchart; the schema must accept it."""
-    assert "Deployment/cw-copilot-webhook" in render({"global": {"imageRegistry": "registry.example.com"}})
+def test_usable_as_a_dependency_of_an_umbrella_chart(tmp_path: Path) -> None:
+    """A platform chart that depends on this one, its values under the dependency's name and a `global`
+    block (which Helm hands every subchart, so the schema must accept it): the real engine renders both."""
+    umbrella = tmp_path / "platform"
+    (umbrella / "charts").mkdir(parents=True)
+    shutil.copytree(CHART, umbrella / "charts" / "copilot-webhook")
+    (umbrella / "Chart.yaml").write_text(
+        "apiVersion: v2\nname: platform\nversion: 1.0.0\n"
+        "dependencies:\n  - name: copilot-webhook\n    version: 0.1.0\n    condition: copilot-webhook.enabled\n"
+    )
+    (umbrella / "values.yaml").write_text("global:\n  imageRegistry: registry.example.com\n")
+    values = {"copilot-webhook": {"ptrace": {"mode": "drop"}, "replicaCount": 1}}
+    manifests = helm.Chart.load(umbrella).render(values, name="platform", namespace="flyte", is_install=True)
+    objects = {}
+    for path, text in manifests.items():
+        if not path.endswith("NOTES.txt"):
+            for doc in yaml.safe_load_all(text):
+                if doc:
+                    objects[f"{doc['kind']}/{doc['metadata']['name']}"] = doc
+    deployment = objects["Deployment/platform-copilot-webhook"]
+    assert deployment["spec"]["replicas"] == 1
+    assert "PodDisruptionBudget/platform-copilot-webhook" not in objects
+    config = yaml.safe_load(objects["ConfigMap/platform-copilot-webhook"]["data"]["config.yaml"])
+    assert build_settings(config).ptrace.mode == "drop"
+    for obj in objects.values():
+        if obj["kind"] not in CRDS:
+            kubernetes_validate.validate(obj, "1.33.0", strict=True)
 
 
 def test_a_deadline_the_api_server_would_not_wait_for_is_refused_at_render() -> None:
@@ -321,3 +387,139 @@ def test_a_deadline_the_api_server_would_not_wait_for_is_refused_at_render() -> 
     ):
         render({"server": {"deadlineSeconds": 5}, "webhook": {"timeoutSeconds": 5}})
     assert "MutatingWebhookConfiguration/cw-copilot-webhook" in render({"server": {"deadlineSeconds": 4.5}})
+
+
+def _pod(values: dict[str, Any] | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = render(values)["Deployment/cw-copilot-webhook"]["spec"]["template"]["spec"]
+    return spec
+
+
+def test_host_network_and_ports() -> None:
+    pod = _pod(VARIANTS["host-network"])
+    assert (pod["hostNetwork"], pod["dnsPolicy"]) == (True, "ClusterFirstWithHostNet")
+    ports = {p["name"]: p["containerPort"] for p in pod["containers"][0]["ports"]}
+    assert ports == {"https": 10260, "metrics": 10261}
+    objects = render(VARIANTS["host-network"])
+    config = build_settings(yaml.safe_load(objects["ConfigMap/cw-copilot-webhook"]["data"]["config.yaml"]))
+    assert (config.server.port, config.server.metrics_port) == (10260, 10261)
+    service = {p["name"]: p for p in objects["Service/cw-copilot-webhook"]["spec"]["ports"]}
+    assert (service["https"]["port"], service["https"]["targetPort"]) == (443, "https")
+    assert service["metrics"]["targetPort"] == "metrics"
+    assert "metrics" not in {p["name"] for p in _pod(VARIANTS["no-metrics-port"])["containers"][0]["ports"]}
+
+
+def test_priority_class_follows_the_failure_policy() -> None:
+    assert "priorityClassName" not in _pod()
+    assert _pod({"webhook": {"ptrace": {"failurePolicy": "Fail"}}})["priorityClassName"] == "system-cluster-critical"
+    assert (
+        _pod({"webhook": {"failurePolicy": "Fail"}, "priorityClassName": "platform"})["priorityClassName"] == "platform"
+    )
+
+
+def test_image_digest_pins_every_container_the_chart_runs() -> None:
+    digest = VARIANTS["pinned-image"]["image"]["digest"]
+    objects = render(VARIANTS["pinned-image"])
+    images = [
+        c["image"]
+        for c in _pod(VARIANTS["pinned-image"])["containers"] + _pod(VARIANTS["pinned-image"])["initContainers"]
+    ]
+    images += [
+        c["image"] for c in objects["Job/cw-copilot-webhook-unregister"]["spec"]["template"]["spec"]["containers"]
+    ]
+    images += [c["image"] for c in objects["Pod/cw-copilot-webhook-verify"]["spec"]["containers"]]
+    assert len(images) == 4
+    assert all(i == f"ghcr.io/copilot-webhook/copilot-webhook:0.1.0@{digest}" for i in images)
+
+
+def test_autoscaling_replaces_the_replica_count() -> None:
+    objects = render(VARIANTS["autoscaled"])
+    assert "replicas" not in objects["Deployment/cw-copilot-webhook"]["spec"]
+    hpa = objects["HorizontalPodAutoscaler/cw-copilot-webhook"]["spec"]
+    assert (hpa["minReplicas"], hpa["maxReplicas"]) == (2, 4)
+    assert hpa["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "cw-copilot-webhook"}
+    assert "PodDisruptionBudget/cw-copilot-webhook" in objects
+    assert "PodDisruptionBudget/cw-copilot-webhook" not in render(
+        {"autoscaling": {"enabled": True, "minReplicas": 1}, "replicaCount": 3}
+    )
+    with pytest.raises(helm.HelmRenderError, match="minReplicas"):
+        render({"autoscaling": {"enabled": True, "minReplicas": 5, "maxReplicas": 2}})
+
+
+def test_network_policy_opens_admission_to_all_and_metrics_to_the_scrapers() -> None:
+    policy = render(VARIANTS["network-policy"])["NetworkPolicy/cw-copilot-webhook"]["spec"]
+    admission, metrics = policy["ingress"]
+    assert admission == {"ports": [{"port": 8443, "protocol": "TCP"}]}
+    assert metrics == {"from": [{"namespaceSelector": {}}], "ports": [{"port": 9090, "protocol": "TCP"}]}
+    assert {p["port"] for rule in policy["egress"] for p in rule["ports"]} == {53, 443, 6443}
+
+
+def test_prometheus_operator_scrapes_the_plain_http_port() -> None:
+    objects = render(VARIANTS["monitoring"])
+    monitor = objects["ServiceMonitor/cw-copilot-webhook"]
+    assert monitor["metadata"]["labels"]["release"] == "prometheus"
+    assert monitor["spec"]["endpoints"][0] == {
+        "port": "metrics",
+        "path": "/metrics",
+        "scheme": "http",
+        "interval": "30s",
+    }
+    assert monitor["spec"]["selector"]["matchLabels"] == objects["Service/cw-copilot-webhook"]["spec"]["selector"]
+    pod_monitor = objects["PodMonitor/cw-copilot-webhook"]
+    assert pod_monitor["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+    with pytest.raises(helm.HelmRenderError, match=r"server\.metricsPort"):
+        render({**VARIANTS["monitoring"], "server": {"metricsPort": 0}})
+
+
+def test_the_grafana_dashboard_reads_only_metrics_the_server_exports() -> None:
+    """Every series a panel queries exists in the server's own /metrics, so no panel is silently empty."""
+    dashboard_map = render(VARIANTS["monitoring"])["ConfigMap/cw-copilot-webhook-dashboard"]
+    assert dashboard_map["metadata"]["namespace"] == "monitoring"
+    assert dashboard_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+    dashboard = orjson.loads(dashboard_map["data"]["copilot-webhook.json"])
+    metrics = Metrics()
+    metrics.watch_nodes(lambda: {"containerd": 1})
+    for counter in (metrics.requests, metrics.mutations, metrics.skips):
+        counter.labels(*["x"] * len(counter._labelnames)).inc()
+    metrics.undecided.labels("Ignore").inc()
+    metrics.latency.labels("/mutate").observe(0.001)
+    exported = set(re.findall(r"^(copilot_webhook_\w+)", metrics.render().decode(), re.MULTILINE))
+    queried = {
+        name
+        for panel in dashboard["panels"]
+        for target in panel["targets"]
+        for name in re.findall(r"copilot_webhook_\w+", target["expr"])
+    }
+    assert len(dashboard["panels"]) >= 8
+    assert queried - exported == set()
+    titles = " ".join(p["title"] for p in dashboard["panels"]).lower()
+    for topic in ("requests", "latency", "mutations", "skips", "undecided", "self-check", "expiry"):
+        assert topic in titles
+
+
+def test_the_chart_owns_the_secret_without_writing_its_data() -> None:
+    secret = render()["Secret/cw-copilot-webhook-tls"]
+    assert "data" not in secret, "an upgrade must leave what the server wrote"
+    assert "stringData" not in secret
+    assert "Secret/cw-copilot-webhook-tls" not in render({"tls": {"mode": "cert-manager"}})
+
+
+def test_uninstall_removes_the_webhook_configuration_first_and_helm_test_verifies_through_the_service() -> None:
+    objects = render()
+    job = objects["Job/cw-copilot-webhook-unregister"]
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
+    pod = job["spec"]["template"]["spec"]
+    assert pod["containers"][0]["args"] == ["unregister", "--webhook-config=cw-copilot-webhook"]
+    assert pod["serviceAccountName"] == "cw-copilot-webhook"
+    assert job["spec"]["template"]["metadata"]["labels"]["copilot-webhook.io/webhook-release"] == "cw-copilot-webhook"
+    test = objects["Pod/cw-copilot-webhook-verify"]
+    assert test["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    assert test["spec"]["containers"][0]["args"] == ["verify", "--webhook-config=cw-copilot-webhook"]
+    for container in pod["containers"] + test["spec"]["containers"]:
+        assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+
+
+def test_notes_tell_how_to_verify_the_install() -> None:
+    manifests = _chart().render({"webhook": {"failurePolicy": "Fail"}}, name="cw", namespace="flyte", is_install=True)
+    notes = next(text for path, text in manifests.items() if path.endswith("NOTES.txt"))
+    assert "helm test cw -n flyte" in notes
+    assert "Ignore until a replica has verified its own listener" in notes

@@ -5,6 +5,7 @@ disagree. What it does not prove: the Kubernetes CEL environment's cost limits a
 
 from __future__ import annotations
 
+import copy
 import functools
 from typing import Any
 
@@ -12,7 +13,7 @@ import celpy
 import pytest
 
 from tests import flyte_source
-from tests.support import GOLDEN, PODS, load_yaml
+from tests.support import GOLDEN, PODS, apply, load_yaml
 from tests.test_chart import render
 from webhook.config import build_settings
 from webhook.mutation.facts import Facts, RequestFacts
@@ -114,3 +115,93 @@ def test_cel_library_is_real() -> None:
     assert bool(program.evaluate({"object": celpy.json_to_cel({"spec": {"nodeName": "n1"}})}))
     with pytest.raises(celpy.CELEvalError):
         program.evaluate({"object": celpy.json_to_cel({"spec": {}})})
+
+
+# --- the ValidatingAdmissionPolicy behind ptrace.mode=drop --------------------------------------------------
+POLICY_VALUES: dict[str, dict[str, Any]] = {
+    "drop": {"ptrace": {"mode": "drop"}},
+    "drop-override": {"ptrace": {"mode": "drop", "allowPodOverride": True}},
+    "drop-custom": {
+        "ptrace": {"mode": "drop"},
+        "copilot": {"namePrefix": "acme-copilot-", "imagePatterns": ["registry.acme.internal/*", "*/copilot?:*"]},
+    },
+}
+
+
+@functools.cache
+def _policy(variant: str) -> tuple[list[Any], list[tuple[str, Any]], Any]:
+    """(matchConditions, variables, validation) of the rendered policy, each compiled by the CEL library."""
+    values = {**POLICY_VALUES[variant], "webhook": {"ptrace": {"validatingPolicy": True}}}
+    policy = render(values)["ValidatingAdmissionPolicy/cw-copilot-webhook-ptrace-drop"]["spec"]
+    env = celpy.Environment()
+
+    def compiled(text: str) -> Any:
+        return env.program(env.compile(text))
+
+    conditions = [compiled(c["expression"]) for c in policy["matchConditions"]]
+    variables = [(v["name"], compiled(v["expression"])) for v in policy["variables"]]
+    (validation,) = policy["validations"]
+    env.compile(validation["messageExpression"])  # parses (join is Kubernetes' strings library, not core CEL)
+    return conditions, variables, compiled(validation["expression"])
+
+
+def _denied(variant: str, pod: dict[str, Any]) -> bool:
+    """What the API server does with the policy: evaluate matchConditions; if all hold, the variables in
+    order, then the validation; deny when it is false."""
+    conditions, variables, validation = _policy(variant)
+    activation: dict[str, Any] = {"object": celpy.json_to_cel(pod)}
+    if not all(bool(c.evaluate(activation)) for c in conditions):
+        return False
+    bound: dict[Any, Any] = {}
+    for name, program in variables:
+        activation["variables"] = celpy.celtypes.MapType(bound)
+        bound[celpy.celtypes.StringType(name)] = program.evaluate(activation)
+    activation["variables"] = celpy.celtypes.MapType(bound)
+    return not bool(validation.evaluate(activation))
+
+
+@pytest.mark.parametrize("variant", sorted(POLICY_VALUES))
+def test_the_drop_policy_rejects_exactly_what_the_webhook_would_change_and_nothing_it_emits(variant: str) -> None:
+    """Over every golden pod: the policy denies a pod before the webhook exactly when the webhook's drop
+    would change it (so it holds the line while the webhook fails open), and never denies what the webhook
+    emits (so a working webhook never has a pod refused)."""
+    settings = build_settings(POLICY_VALUES[variant])
+    denied_before = 0
+    for name, pod in PODS_BY_NAME.items():
+        namespace = pod.get("metadata", {}).get("namespace", "default")
+        decided = plan(pod, Facts(RequestFacts(namespace)), settings, (PTRACE,))
+        if decided.undecided:
+            continue
+        after = apply(pod, decided.ops) if decided.changes else pod
+        assert not _denied(variant, after), f"{variant}: the policy denies what the webhook emits for {name}"
+        denied = _denied(variant, pod)
+        assert denied == bool(decided.changes), f"{variant}: {name}: denied {denied}, webhook changes {decided.changes}"
+        denied_before += denied
+    assert denied_before >= (1 if variant == "drop-custom" else 20), "the golden pods exercise the policy"
+
+
+def test_the_drop_policy_reads_capability_names_as_the_runtimes_do() -> None:
+    base = flyte_source.flyte_pod("1.15", flyte_source.Task(inputs=True, outputs=True))
+    settings = build_settings(POLICY_VALUES["drop"])
+    for capabilities, held in [
+        ({"add": ["sys_ptrace"]}, True),
+        ({"add": ["CAP_SYS_PTRACE"]}, True),
+        ({"add": ["ALL"]}, True),
+        ({"add": ["all"], "drop": ["cap_sys_ptrace"]}, False),
+        ({"add": ["NET_ADMIN"]}, False),
+        ({"add": ["SYS_PTRACEX"]}, False),
+    ]:
+        pod = copy.deepcopy(base)
+        for container in pod["spec"]["containers"]:
+            container["securityContext"] = {"capabilities": capabilities}
+        changes = bool(plan(pod, Facts(RequestFacts("ns")), settings, (PTRACE,)).changes)
+        assert _denied("drop", pod) == held == changes, capabilities
+    opted_out = copy.deepcopy(base)
+    opted_out["metadata"].setdefault("annotations", {})["copilot-webhook.io/inject"] = "false"
+    for container in opted_out["spec"]["containers"]:
+        container["securityContext"] = {"capabilities": {"add": ["SYS_PTRACE"]}}
+    assert not _denied("drop", opted_out), "a pod the webhook is told to leave alone is not held to the policy"
+    overridden = copy.deepcopy(opted_out)
+    overridden["metadata"]["annotations"] = {"copilot-webhook.io/ptrace": "keep"}
+    assert _denied("drop", overridden), "the annotation grants nothing unless allowPodOverride"
+    assert not _denied("drop-override", overridden)
