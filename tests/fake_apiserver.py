@@ -13,6 +13,7 @@ validation of what is stored, server-side apply, and protobuf or Table encodings
 from __future__ import annotations
 
 import base64
+import bisect
 import copy
 import json
 import threading
@@ -106,6 +107,58 @@ def discovery(path: str, version: str) -> dict[str, Any] | None:
     return None
 
 
+# The API server's Table rendering of a Node (kubernetes pkg/printers/internalversion/printers.go:
+# nodeColumnDefinitions and printNode; the server always renders the wide columns).
+NODE_COLUMNS = [
+    {"name": "Name", "type": "string", "format": "name", "description": "Name must be unique.", "priority": 0},
+    {"name": "Status", "type": "string", "format": "", "description": "The status of the node", "priority": 0},
+    {"name": "Roles", "type": "string", "format": "", "description": "The roles of the node", "priority": 0},
+    {"name": "Age", "type": "string", "format": "", "description": "CreationTimestamp.", "priority": 0},
+    {"name": "Version", "type": "string", "format": "", "description": "Kubelet Version reported.", "priority": 0},
+    {"name": "Internal-IP", "type": "string", "format": "", "description": "Addresses.", "priority": 1},
+    {"name": "External-IP", "type": "string", "format": "", "description": "Addresses.", "priority": 1},
+    {"name": "OS-Image", "type": "string", "format": "", "description": "OS Image reported.", "priority": 1},
+    {"name": "Kernel-Version", "type": "string", "format": "", "description": "Kernel Version.", "priority": 1},
+    {"name": "Container-Runtime", "type": "string", "format": "", "description": "Runtime version.", "priority": 1},
+]
+TABLE_TYPE = "as=Table"
+
+
+def node_row(obj: dict[str, Any]) -> dict[str, Any]:
+    """printNode: the cells of one Node and, includeObject=Metadata (the default), its metadata."""
+    metadata = obj.get("metadata") or {}
+    status = obj.get("status") or {}
+    info = status.get("nodeInfo") or {}
+    ready = {c.get("type"): c.get("status") for c in status.get("conditions") or ()}.get("Ready")
+    state = "Unknown" if ready is None else ("Ready" if ready == "True" else "NotReady")
+    if (obj.get("spec") or {}).get("unschedulable"):
+        state += ",SchedulingDisabled"
+    labels = metadata.get("labels") or {}
+    roles = {k.removeprefix("node-role.kubernetes.io/") for k in labels if k.startswith("node-role.kubernetes.io/")}
+    roles |= {labels["kubernetes.io/role"]} if labels.get("kubernetes.io/role") else set()
+    roles.discard("")
+
+    def address(kind: str) -> str:
+        return next((a["address"] for a in status.get("addresses") or () if a.get("type") == kind), "<none>")
+
+    cells = [
+        metadata.get("name", ""),
+        state,
+        ",".join(sorted(roles)) or "<none>",
+        "30d" if metadata.get("creationTimestamp") else "<unknown>",
+        info.get("kubeletVersion", ""),
+        address("InternalIP"),
+        address("ExternalIP"),
+        info.get("osImage") or "<unknown>",
+        info.get("kernelVersion") or "<unknown>",
+        info.get("containerRuntimeVersion") or "<unknown>",
+    ]
+    return {
+        "cells": cells,
+        "object": {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": metadata},
+    }
+
+
 def is_collection(path: str) -> bool:
     """A collection of a resource discovery lists: /api/v1/secrets-like paths, namespaced or not."""
     parts = path.strip("/").split("/")
@@ -127,6 +180,9 @@ class FakeAPIServer:
         self.version = version  # what /version says
         self.objects: dict[str, dict[str, dict[str, Any]]] = {path: {} for path in RESOURCES}
         self.events: list[tuple[int, str, str, dict[str, Any] | bytes]] = []  # (rv, path, type, object)
+        self.event_rvs: list[int] = []  # the events' resourceVersions, for a watch to find its place
+        self.max_events: int | None = None  # keep this many events at most; older ones are compacted away
+        self.delivered: dict[str, int] = {}  # watch events written, by path
         self.rv = 100
         self.compacted = 0  # versions at or below this are gone
         self.cond = threading.Condition()
@@ -140,6 +196,8 @@ class FakeAPIServer:
         self.store: dict[str, dict[str, Any]] = {}
         self.writes: list[str] = []
         self.encoded: dict[str, dict[str, bytes]] = {path: {} for path in RESOURCES}
+        self.encoded_rows: dict[str, dict[str, bytes]] = {path: {} for path in RESOURCES}  # nodes as Table rows
+        self.sent: dict[str, int] = {}  # list bytes sent, by "path" or "path as Table"
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -162,19 +220,45 @@ class FakeAPIServer:
         return write_kubeconfig(path, self.url)
 
     # --- state changes, each recorded as a watch event -----------------------------------------------
-    def _record(self, path: str, kind: str, obj: dict[str, Any] | bytes) -> None:
+    def _record(self, path: str, kind: str, obj: dict[str, Any] | bytes, owned: bool = False) -> None:
+        """`owned`: the caller hands the object over (no copy is taken)."""
         self.rv += 1
         if isinstance(obj, dict):
-            obj = copy.deepcopy(obj)
+            obj = obj if owned else copy.deepcopy(obj)
+            obj["metadata"] = dict(obj.get("metadata") or {})
             obj.setdefault("metadata", {})["resourceVersion"] = str(self.rv)
             name = obj["metadata"]["name"]
             if kind == "DELETED":
                 self.objects[path].pop(name, None)
                 self.encoded[path].pop(name, None)
+                self.encoded_rows[path].pop(name, None)
             else:
                 self.objects[path][name] = obj
-                self.encoded[path][name] = json.dumps(obj).encode()
-        self.events.append((self.rv, path, kind, obj))
+                self.encoded[path].pop(name, None)  # encoded again at the next list that needs it
+                self.encoded_rows[path].pop(name, None)
+        self._append((self.rv, path, kind, obj))
+
+    def _encoded(self, path: str, obj: dict[str, Any], table: bool) -> bytes:
+        """An object as a list item, or as a Table row, serialised once per version."""
+        cache = self.encoded_rows[path] if table else self.encoded[path]
+        name = obj["metadata"]["name"]
+        current = self.objects[path].get(name) is obj
+        data = cache.get(name) if current else None
+        if data is None:
+            data = json.dumps(node_row(obj) if table else obj).encode()
+            if current:
+                cache[name] = data
+        return data
+
+    def _append(self, event: tuple[int, str, str, dict[str, Any] | bytes]) -> None:
+        """Record a watch event (caller holds the lock); past max_events the older half is compacted away,
+        as etcd does: a watch that has fallen behind it gets 410 Gone."""
+        self.events.append(event)
+        self.event_rvs.append(event[0])
+        if self.max_events is not None and len(self.events) > self.max_events:
+            half = len(self.events) // 2
+            self.compacted = max(self.compacted, self.event_rvs[half - 1])
+            del self.events[:half], self.event_rvs[:half]
         self.cond.notify_all()
 
     def save(self, path: str, obj: dict[str, Any] | None, action: str) -> None:
@@ -191,7 +275,7 @@ class FakeAPIServer:
         self.writes.append(f"{action} {path}")
         collection = path.rsplit("/", 1)[0]
         if collection in STORED:
-            self.events.append((self.rv, collection, kind, copy.deepcopy(obj)))
+            self._append((self.rv, collection, kind, copy.deepcopy(obj)))
         self.cond.notify_all()
 
     def edit(self, path: str, change: Callable[[dict[str, Any]], None]) -> None:
@@ -218,6 +302,8 @@ class FakeAPIServer:
                 obj.setdefault("metadata", {})["resourceVersion"] = str(self.rv)
                 self.objects[path][obj["metadata"]["name"]] = obj
                 self.encoded[path][obj["metadata"]["name"]] = json.dumps(obj).encode()
+                if path == "/api/v1/nodes":
+                    self.encoded_rows[path][obj["metadata"]["name"]] = json.dumps(node_row(obj)).encode()
             self.compacted = self.rv
 
     def malformed(self, path: str, raw: bytes) -> None:
@@ -227,10 +313,9 @@ class FakeAPIServer:
     def bookmark(self, path: str) -> None:
         with self.cond:
             self.rv += 1
-            self.events.append(
+            self._append(
                 (self.rv, path, "BOOKMARK", {"kind": RESOURCES[path][0], "metadata": {"resourceVersion": str(self.rv)}})
             )
-            self.cond.notify_all()
 
     def compact(self) -> None:
         """Forget history: a watch from an older version gets 410 Gone."""
@@ -359,15 +444,31 @@ class FakeAPIServer:
                         meta["continue"] = base64.b64encode(json.dumps([rv, offset + limit]).encode()).decode()
                 _kind, list_kind = RESOURCES[path]
                 # Objects are serialised once, when stored: a 5,000-node list must not be bound by this server.
-                head = json.dumps({"kind": list_kind, "apiVersion": "v1", "metadata": meta}).encode()[:-1]
-                data = (
-                    head + b', "items": [' + b",".join(api.encoded[path][o["metadata"]["name"]] for o in page) + b"]}"
-                )
+                if self._table(path):
+                    head = json.dumps(
+                        {
+                            "kind": "Table",
+                            "apiVersion": "meta.k8s.io/v1",
+                            "metadata": meta,
+                            "columnDefinitions": NODE_COLUMNS,
+                        }
+                    ).encode()[:-1]
+                    data = head + b', "rows": [' + b",".join(api._encoded(path, o, True) for o in page) + b"]}"
+                    key = path + " as Table"
+                else:
+                    head = json.dumps({"kind": list_kind, "apiVersion": "v1", "metadata": meta}).encode()[:-1]
+                    data = head + b', "items": [' + b",".join(api._encoded(path, o, False) for o in page) + b"]}"
+                    key = path
+                api.sent[key] = api.sent.get(key, 0) + len(data)
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
+
+            def _table(self, path: str) -> bool:
+                """Did the client ask for the Table rendering (nodes only here)?"""
+                return path == "/api/v1/nodes" and TABLE_TYPE in (self.headers.get("Accept") or "")
 
             def _stored(self, path: str, query: dict[str, str]) -> None:
                 """List or watch a collection of single objects, narrowed by `fieldSelector=metadata.name=X`."""
@@ -402,32 +503,52 @@ class FakeAPIServer:
                 deadline = time.monotonic() + timeout
                 with api.cond:
                     generation = api.generation
-                    if since < api.compacted:
-                        status = {
-                            "kind": "Status",
-                            "code": 410,
-                            "reason": "Expired",
-                            "message": "too old resource version",
-                        }
-                        self._chunk(json.dumps({"type": "ERROR", "object": status}).encode() + b"\n")
-                        self._end()
-                        return
-                    sent = since
-                    while api.generation == generation and time.monotonic() < deadline:
-                        for rv, p, kind, obj in api.events:
-                            if rv <= sent or p != path:
-                                continue
-                            if name is not None and isinstance(obj, dict) and obj["metadata"]["name"] != name:
-                                continue
-                            sent = rv
-                            if kind == "RAW":
-                                line = obj if isinstance(obj, bytes) else b""
-                            else:
-                                line = json.dumps({"type": kind, "object": obj}).encode()
-                            self._chunk(line + b"\n")
-                        sent = max(sent, api.rv)
-                        api.cond.wait(timeout=0.1)
-                    dropped = api.generation != generation
+                table = self._table(path)
+                headers = True  # a Table watch sends the column definitions with its first event only
+                sent = since
+                while True:
+                    with api.cond:  # take what is new under the lock; write it without holding it
+                        if api.generation != generation or time.monotonic() >= deadline:
+                            break
+                        if sent < api.compacted:  # never had, or fell behind, what is still kept
+                            status = {
+                                "kind": "Status",
+                                "code": 410,
+                                "reason": "Expired",
+                                "message": "too old resource version",
+                            }
+                            self._chunk(json.dumps({"type": "ERROR", "object": status}).encode() + b"\n")
+                            break
+                        pending = api.events[bisect.bisect_right(api.event_rvs, sent) :]
+                        if not pending:
+                            api.cond.wait(timeout=0.1)
+                            continue
+                        sent = pending[-1][0]
+                    written = 0
+                    for rv, p, kind, obj in pending:
+                        if p != path or (
+                            name is not None and isinstance(obj, dict) and obj["metadata"]["name"] != name
+                        ):
+                            continue
+                        if kind == "RAW":
+                            line = obj if isinstance(obj, bytes) else b""
+                        elif table and isinstance(obj, dict):
+                            as_table = {
+                                "kind": "Table",
+                                "apiVersion": "meta.k8s.io/v1",
+                                "metadata": {"resourceVersion": str(rv)},
+                                "columnDefinitions": NODE_COLUMNS if headers else None,
+                                "rows": [node_row(obj)],
+                            }
+                            headers = False
+                            line = json.dumps({"type": kind, "object": as_table}).encode()
+                        else:
+                            line = json.dumps({"type": kind, "object": obj}).encode()
+                        self._chunk(line + b"\n")
+                        written += 1
+                    with api.cond:
+                        api.delivered[path] = api.delivered.get(path, 0) + written
+                dropped = api.generation != generation
                 if dropped:
                     self.close_connection = True
                     self.connection.close()  # mid-stream, without the closing chunk: a dropped connection
