@@ -13,6 +13,7 @@ import math
 import os
 import signal
 import ssl
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -36,6 +37,7 @@ from webhook.tls import ReloadingTLS, TLSFiles, file_stamp
 log = logging.getLogger(__name__)
 
 RELOAD_EVERY_TICKS = 10  # uvicorn ticks every 0.1 s
+SWITCH_INTERVAL = 0.001
 
 
 class ReloadingServer(uvicorn.Server):
@@ -249,6 +251,7 @@ def serve(
     # the oldest generation skips it (6% more /mutate/ptrace throughput, measured side by side).
     gc.collect()
     gc.freeze()
+    sys.setswitchinterval(SWITCH_INTERVAL)
     if keeper is not None:
         keeper.listening = server.listening
         keeper.start()

@@ -7,13 +7,24 @@ is dropped. The watch resumes from the last resourceVersion seen (bookmarks incl
 `410 Gone`, and backs off exponentially, with jitter, after any failure. The projection is published
 as an immutable mapping, replaced (copy on write) only when a projected value actually changes, so
 the frequent status-only updates of nodes cost a comparison and no copy.
+
+With `table` (a `Rows` reader), lists and watches ask the API server for its Table rendering with each
+row's object metadata (`Accept: application/json;as=Table;v=v1;g=meta.k8s.io`; `includeObject=Metadata`
+is the default): a column such as the node's container runtime plus labels and annotations, without the
+image lists and conditions that are most of a Node's bytes. Each row is read back into the small object
+the projection reads, so the projection is the same either way. A server that answers with plain
+objects instead is read as usual.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import gc
 import logging
 import random
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from types import MappingProxyType
 from typing import Any, Generic, TypeVar
@@ -28,14 +39,24 @@ Project = Callable[[dict[str, Any]], T]
 ListCall = Callable[..., Any]  # CoreV1Api.list_node / list_namespace
 
 PAGE_SIZE = 500
+YIELD_EVERY = 100  # objects projected between two yields of the interpreter to the event loop
+RELIST_PACING = 1.0
+RELIST_PAGE_SIZE = 100  # a relist rests this long after each page, relative to the time the page took
 WATCH_SECONDS = 290  # the API server ends a watch at its own minRequestTimeout; we ask a little less
+TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io"
+# A Table row -> the object the projection reads (None: unreadable), given the column names in order.
+Rows = Callable[[dict[str, Any], list[str]], dict[str, Any] | None]
 
 
-def list_pages(list_call: ListCall, page_size: int = PAGE_SIZE) -> Iterator[dict[str, Any]]:
+def list_pages(
+    list_call: ListCall, page_size: int = PAGE_SIZE, headers: dict[str, str] | None = None
+) -> Iterator[dict[str, Any]]:
     """Every page of a paged list (`limit`, `continue`), each parsed from raw JSON."""
     token: str | None = None
     while True:
         kwargs: dict[str, Any] = {"limit": page_size, "_preload_content": False, "_request_timeout": (10, 60)}
+        if headers:
+            kwargs["_headers"] = headers
         if token:
             kwargs["_continue"] = token
         response = list_call(**kwargs)
@@ -49,6 +70,19 @@ def list_pages(list_call: ListCall, page_size: int = PAGE_SIZE) -> Iterator[dict
             return
 
 
+def _malloc_trim() -> Callable[[], object]:
+    """glibc's malloc_trim: the C allocator keeps the pages a relist's parsing freed; giving them back
+    lowers a 65,000-node cache's resident size by about 30 MB. A no-op without glibc."""
+    try:
+        trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return lambda: None
+    return lambda: trim(0)
+
+
+release_free_memory = _malloc_trim()
+
+
 class Gone(Exception):
     """The resourceVersion we hold has been compacted away: relist."""
 
@@ -59,12 +93,15 @@ class Informer(Generic[T]):
         name: str,
         list_call: ListCall,
         project: Project[T],
-        on_change: Callable[[Mapping[str, T]], None] | None = None,
+        on_change: Callable[[Mapping[str, T], frozenset[str] | None], None] | None = None,
         page_size: int = PAGE_SIZE,
         watch_seconds: int = WATCH_SECONDS,
         backoff: tuple[float, float] = (0.5, 30.0),
+        table: Rows | None = None,
     ) -> None:
         self.name = name
+        self._table = table
+        self._columns: list[str] = []  # the Table's column names, from a list or the first watch event
         self._list_call = list_call
         self._project = project
         self._on_change = on_change
@@ -83,10 +120,11 @@ class Informer(Generic[T]):
         return self._items
 
     # --- publishing ---------------------------------------------------------------------------------
-    def _publish(self, items: dict[str, T]) -> None:
+    def _publish(self, items: dict[str, T], changed: frozenset[str] | None) -> None:
+        """`changed`: the names whose value changed (None: any may have)."""
         self._items = MappingProxyType(items)
         if self._on_change is not None:
-            self._on_change(self._items)
+            self._on_change(self._items, changed)
 
     def _apply(self, kind: str, obj: dict[str, Any]) -> None:
         metadata = obj.get("metadata")
@@ -97,29 +135,101 @@ class Informer(Generic[T]):
             if name in self._items:
                 items = dict(self._items)
                 del items[name]
-                self._publish(items)
+                self._publish(items, frozenset((name,)))
             return
         value = self._project(obj)
         if self._items.get(name) != value:
             items = dict(self._items)
             items[name] = value
-            self._publish(items)
+            self._publish(items, frozenset((name,)))
+
+    # --- the Table rendering ---------------------------------------------------------------------------
+    @property
+    def _headers(self) -> dict[str, str] | None:
+        return {"Accept": TABLE} if self._table is not None else None
+
+    def _objects(self, page: dict[str, Any]) -> list[Any]:
+        """The objects of a list page, or of a watch event's Table (one row; a bookmark's row is empty)."""
+        if page.get("kind") != "Table":
+            return page.get("items") or []
+        self._remember_columns(page)
+        if self._table is None:
+            raise ValueError("a Table answer to a request that did not ask for one")
+        objects = []
+        for row in page.get("rows") or ():
+            obj = self._table(row, self._columns) if isinstance(row, dict) else None
+            if obj is None:
+                self.skipped_events += 1
+                log.warning("%s cache: skipped an unreadable Table row: %.200r", self.name, row)
+            else:
+                objects.append(obj)
+        return objects
+
+    def _remember_columns(self, table: dict[str, Any]) -> None:
+        columns = table.get("columnDefinitions")  # null after a watch's first event
+        if isinstance(columns, list) and columns:
+            self._columns = [str(c.get("name")) if isinstance(c, dict) else "" for c in columns]
 
     # --- list ---------------------------------------------------------------------------------------
     def list_once(self) -> None:
+        """List everything, projecting as pages arrive. A value equal to the one held is kept (the same
+        object), and nothing is published when nothing changed, so a relist after `410 Gone` costs the
+        list and the comparisons. Between pages the thread yields the interpreter, so requests on the
+        event loop wait for a page at most, never for a whole relist."""
+        started = time.monotonic()
+        held = self._items
         items: dict[str, T] = {}
-        for page in list_pages(self._list_call, self._page_size):
-            for obj in page.get("items") or ():
+        changed: set[str] = set()
+        kept = 0  # names held before and listed again: all of them means none was removed
+        page_started = time.monotonic()
+        # While serving, smaller pages: parsing one holds the interpreter (3 ms for 500 Table rows).
+        page_size = min(self._page_size, RELIST_PAGE_SIZE) if self.synced.is_set() else self._page_size
+        for page in list_pages(self._list_call, page_size, self._headers):
+            for i, obj in enumerate(self._objects(page)):
                 try:
-                    items[obj["metadata"]["name"]] = self._project(obj)
+                    name, value = obj["metadata"]["name"], self._project(obj)
                 except (KeyError, TypeError, ValueError) as exc:
                     self.skipped_events += 1
                     log.warning("%s cache: skipped an unreadable object in a list: %s", self.name, exc)
+                    continue
+                old = held.get(name)
+                if old is not None:
+                    kept += 1
+                if old is not None and old == value:
+                    value = old
+                else:
+                    changed.add(name)
+                items[name] = value
+                if i % YIELD_EVERY == YIELD_EVERY - 1:
+                    time.sleep(0)
             metadata = page.get("metadata") or {}
             self.resource_version = metadata.get("resourceVersion")
-        self._publish(items)
+            # A relist while serving takes turns with the requests: as long again as the page took, idle.
+            # (The first list runs flat out: the pod is not ready, no request waits for it.)
+            now = time.monotonic()
+            time.sleep((now - page_started) * RELIST_PACING if self.synced.is_set() else 0)
+            page_started = time.monotonic()
+        if kept < len(held):
+            changed.update(held.keys() - items.keys())
+        if changed or not self.synced.is_set():
+            self._publish(items, frozenset(changed) if self.synced.is_set() else None)
+        count = len(items)
+        del held, items
+        release_free_memory()
+        # What was just listed lives until the next change: out of the collector's way. Otherwise every
+        # full collection walks the whole cache, holding the interpreter 100-140 ms at 65,000 nodes
+        # (measured), and a relist triggers several. The cache holds no reference cycles: what it drops
+        # later is freed by reference counting, frozen or not.
+        gc.freeze()
         self.synced.set()
-        log.info("%s cache: listed %d at resourceVersion %s", self.name, len(items), self.resource_version)
+        log.info(
+            "%s cache: listed %d (%d changed) at resourceVersion %s in %.2f s",
+            self.name,
+            count,
+            len(changed),
+            self.resource_version,
+            time.monotonic() - started,
+        )
 
     # --- watch --------------------------------------------------------------------------------------
     def _lines(self, response: Any) -> Iterator[bytes]:
@@ -140,6 +250,7 @@ class Informer(Generic[T]):
             _preload_content=False,
             # A read timeout beyond the watch's own end: a connection that went silent is a dropped one.
             _request_timeout=(10, self._watch_seconds + 30),
+            **({"_headers": self._headers} if self._headers else {}),
         )
         try:
             for line in self._lines(response):
@@ -164,6 +275,14 @@ class Informer(Generic[T]):
                 raise Gone(obj.get("message", "resource version too old"))
             raise RuntimeError(f"watch error: {obj.get('message') or obj}")
         version = (obj.get("metadata") or {}).get("resourceVersion")
+        if obj.get("kind") == "Table":
+            if kind == "BOOKMARK":
+                self._remember_columns(obj)
+            else:
+                rows = self._objects(obj)
+                if not rows:
+                    return
+                obj = rows[0]
         if kind != "BOOKMARK":
             if kind not in ("ADDED", "MODIFIED", "DELETED"):
                 self.skipped_events += 1
@@ -187,7 +306,13 @@ class Informer(Generic[T]):
                 if need_list:
                     self.list_once()
                     need_list = False
-                self.watch_once()
+                    failures = 0  # progress: a watch dropped after a good list starts the back-off over
+                version = self.resource_version
+                try:
+                    self.watch_once()
+                finally:
+                    if self.resource_version != version:
+                        failures = 0  # the watch delivered: a drop after that is a first failure
                 failures = 0  # a watch that ended normally (its timeout): resume from where it stopped
             except Gone as exc:
                 log.info("%s cache: %s; relisting", self.name, exc)

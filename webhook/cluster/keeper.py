@@ -85,7 +85,7 @@ class AdmissionKeeper:
         )
         self.informer.stop = self.stop
 
-    def _changed(self, items: Mapping[str, Projection]) -> None:
+    def _changed(self, items: Mapping[str, Projection], _names: frozenset[str] | None) -> None:
         seen = items.get(self.manager.webhook_config)
         if seen != self._seen:
             self._seen = seen

@@ -8,7 +8,7 @@ is containerd); anything else, an empty value or `Unknown`, is not guessed. The 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -144,14 +144,18 @@ def _indexed(snapshot: NodeSnapshot, selector: Mapping[str, str] | None, terms: 
     """A superset of the candidates from the label index, so a request does not walk thousands of nodes:
     the nodes carrying every nodeSelector pair, or, with one required term, its first `In` values."""
     if selector:
-        sets = [snapshot.by_label.get((k, v), frozenset()) for k, v in selector.items()]
-        return sorted(frozenset.intersection(*sets))
+        sets: list[Collection[str]] = [snapshot.by_label.get((k, v), ()) for k, v in selector.items()]
+        sizes = [len(names) for names in sets]
+        common = set(sets[sizes.index(min(sizes))])  # start from the smallest: a hostname's is one name
+        for names in sets:
+            common.intersection_update(names)
+        return sorted(common)
     if terms is not None and len(terms) == 1 and isinstance(terms[0], dict):
         for expr in terms[0].get("matchExpressions") or ():
             if isinstance(expr, dict) and expr.get("operator") == "In" and isinstance(expr.get("values"), list):
                 found: set[str] = set()
                 for value in expr["values"]:
-                    found |= snapshot.by_label.get((str(expr.get("key")), str(value)), frozenset())
+                    found.update(snapshot.by_label.get((str(expr.get("key")), str(value)), ()))
                 return sorted(found)
     return snapshot.nodes
 

@@ -1,0 +1,224 @@
+"""The node cache reads nodes as the API server's Table rendering and keeps them compactly; these tests
+prove that changes nothing a decision reads: the golden node sets, read as full Node objects and as Table
+rows, give the same facts, the same label-index answers and the same runtime decisions; the cache fed by
+Table lists and watches equals the one fed by full objects; an incremental snapshot equals a full build.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.fake_apiserver import NODE_COLUMNS, FakeAPIServer, node, node_row
+from tests.support import GOLDEN, eventually, load_yaml
+from tests.test_golden import _case, _run
+from webhook.cluster.access import api_client
+from webhook.cluster.nodes import NodeCache, SharedStrings, node_from_row, project_node
+from webhook.config import ClusterSettings
+from webhook.mutation.facts import NodeFacts, NodeSnapshot, node_snapshot
+
+NODES = "/api/v1/nodes"
+COLUMNS = [c["name"] for c in NODE_COLUMNS]
+
+
+def _golden_node_sets() -> dict[str, list[dict[str, Any]]]:
+    sets = {}
+    for path in sorted(GOLDEN.glob("*.context.yaml")):
+        context = load_yaml(path) or {}
+        if context.get("nodes"):
+            sets[path.name.removesuffix(".context.yaml")] = context["nodes"]
+    return sets
+
+
+GOLDEN_SETS = _golden_node_sets()
+
+
+def _full(spec: dict[str, Any]) -> dict[str, Any]:
+    """The golden node as the API server stores it (images, conditions and all)."""
+    obj = node(spec["name"], spec.get("runtime") or "", spec.get("labels"), spec.get("annotations"))
+    obj["metadata"]["labels"] = dict(spec.get("labels") or {})  # exactly the golden labels
+    return obj
+
+
+def _via_table(obj: dict[str, Any]) -> dict[str, Any]:
+    """What the cache reads of `obj` from a Table list: the row, through JSON, then read back."""
+    row = json.loads(json.dumps(node_row(obj)))
+    read = node_from_row(row, COLUMNS)
+    assert read is not None
+    return read
+
+
+def _index(snapshot: NodeSnapshot) -> dict[tuple[str, str], set[str]]:
+    return {pair: set(names) for pair, names in snapshot.by_label.items()}
+
+
+def test_golden_sets_exist() -> None:
+    assert len(GOLDEN_SETS) >= 10
+    runtimes = {n.get("runtime") for nodes in GOLDEN_SETS.values() for n in nodes}
+    assert {"", "containerd://1.7.11", "docker://24.0.7"} <= runtimes
+
+
+@pytest.mark.parametrize("case", sorted(GOLDEN_SETS))
+def test_full_objects_and_table_rows_give_the_same_facts_and_decisions(case: str) -> None:
+    full = [_full(spec) for spec in GOLDEN_SETS[case]]
+    shared = SharedStrings()
+    old = {o["metadata"]["name"]: project_node(o) for o in full}
+    new = {o["metadata"]["name"]: project_node(_via_table(o), shared) for o in full}
+    assert old == new
+    old_snapshot, new_snapshot = node_snapshot(old), node_snapshot(new)
+    assert dict(old_snapshot.groups) == dict(new_snapshot.groups)
+    assert _index(old_snapshot) == _index(new_snapshot)
+
+    # The same review, decided with each, answers the same.
+    obj, context = _case(case)
+    spec_by_name = {n["name"]: n for n in context["nodes"]}
+    assert set(spec_by_name) == set(new)
+    answer = _run(obj, context)
+    table_context = dict(
+        context,
+        nodes=[
+            {
+                "name": name,
+                "runtime": _via_table(_full(spec))["status"]["nodeInfo"]["containerRuntimeVersion"] or "",
+                "labels": dict(new[name].labels),
+                "annotations": spec.get("annotations", {}),
+            }
+            for name, spec in spec_by_name.items()
+        ],
+    )
+    assert _run(obj, table_context) == answer
+
+
+def test_an_empty_runtime_is_unknown_either_way() -> None:
+    obj = node("bare", "")
+    row = node_row(obj)
+    assert row["cells"][COLUMNS.index("Container-Runtime")] == "<unknown>"  # printNode's rendering
+    assert project_node(_via_table(obj)) == project_node(obj)
+    assert project_node(obj).flavour is None
+
+
+def test_a_row_without_the_runtime_column_is_unreadable() -> None:
+    row = node_row(node("n"))
+    assert node_from_row(row, [c for c in COLUMNS if c != "Container-Runtime"]) is None
+    assert node_from_row({"cells": row["cells"]}, COLUMNS) is None
+
+
+def test_repeated_label_values_are_one_object_and_hostnames_stay_out_of_the_pool() -> None:
+    shared = SharedStrings()
+    a = project_node(_via_table(node("a", labels={"zone": "eu-west-1a"})), shared)
+    b = project_node(_via_table(node("b", labels={"zone": "eu-west-1a"})), shared)
+    assert a.labels["zone"] is b.labels["zone"]
+    assert "a" not in shared.values
+    assert a.labels["kubernetes.io/hostname"] == "a"
+    shared.values.update({f"gone-{i}": f"gone-{i}" for i in range(2000)})
+    shared.trim({"a": a, "b": b})
+    assert set(shared.values) == {v for f in (a, b) for v in f.labels.values()}
+
+
+def test_unchanged_nodes_keep_their_objects() -> None:
+    obj = node("a", labels={"zone": "z"})
+    held = {"a": project_node(obj)}
+    again = project_node(_via_table(obj), SharedStrings(), held)
+    assert again is held["a"]
+    relabelled = node("a", labels={"zone": "y"})
+    assert project_node(_via_table(relabelled), SharedStrings(), held).labels["zone"] == "y"
+
+
+# --- the cache end to end: Table lists and watches against full objects ------------------------------------
+
+
+def _cache(api: FakeAPIServer, tmp_path: Path, table: bool) -> NodeCache:
+    client = api_client(ClusterSettings(kubeconfig=str(api.kubeconfig(tmp_path / "kc"))))
+    assert client is not None
+    from kubernetes.client import CoreV1Api
+
+    options: dict[str, Any] = {"watch_seconds": 2, "backoff": (0.05, 0.2), "page_size": 7}
+    if not table:
+        options["table"] = None
+    return NodeCache(CoreV1Api(client).list_node, **options)
+
+
+def test_a_cache_fed_table_rows_equals_one_fed_full_objects(api: FakeAPIServer, tmp_path: Path) -> None:
+    specs = [spec for nodes in GOLDEN_SETS.values() for spec in nodes]
+    unique = {spec["name"]: spec for spec in specs}
+    api.put_many(NODES, [_full(spec) for spec in unique.values()])
+    table, full = _cache(api, tmp_path, True), _cache(api, tmp_path, False)
+    for cache in (table, full):
+        cache.informer.start()
+        assert cache.informer.wait_synced(10)
+    assert api.sent.get(f"{NODES} as Table")
+    assert api.sent.get(NODES)
+
+    # Watch events of every kind, each one seen through both.
+    first = sorted(unique)[0]
+    api.put(NODES, node("added", "docker://24.0.7", labels={"zone": "b"}))
+    api.put(NODES, node(first, "containerd://1.7.11", labels={"zone": "relabelled"}))
+    api.bookmark(NODES)
+    api.put(NODES, node("added", "docker://24.0.7", labels={"zone": "b"}))  # status only: nothing changes
+    api.delete(NODES, sorted(unique)[1])
+
+    def same() -> bool:
+        return dict(table.snapshot.nodes) == dict(full.snapshot.nodes) and "added" in table.snapshot.nodes
+
+    try:
+        assert eventually(same)
+        assert _index(table.snapshot) == _index(full.snapshot)
+        assert dict(table.snapshot.groups) == dict(full.snapshot.groups)
+        assert table.snapshot.nodes[first].labels == {"zone": "relabelled", "kubernetes.io/hostname": first,
+                                                      "kubernetes.io/os": "linux"}  # fmt: skip
+        assert table.informer.skipped_events == 0
+        # The watch sent column definitions with its first event only, as the API server does.
+        assert _index(table.snapshot) == _index(node_snapshot(dict(table.snapshot.nodes)))
+    finally:
+        table.informer.stop.set()
+        full.informer.stop.set()
+
+
+def test_a_relist_that_finds_nothing_new_publishes_nothing(api: FakeAPIServer, tmp_path: Path) -> None:
+    api.put_many(NODES, [node(f"n{i}", labels={"pool": f"p{i % 3}"}) for i in range(30)])
+    cache = _cache(api, tmp_path, True)
+    cache.informer.list_once()
+    snapshot, version = cache.snapshot, cache.version
+    cache.informer.list_once()
+    assert cache.snapshot is snapshot
+    assert cache.version == version
+
+
+# --- the incremental snapshot --------------------------------------------------------------------------------
+
+LABELS = st.dictionaries(st.sampled_from(["zone", "pool", "arch"]), st.sampled_from(["a", "b", "c"]), max_size=3)
+FACTS = st.builds(
+    NodeFacts,
+    st.sampled_from([None, "containerd", "docker"]),
+    st.sampled_from([None, "/run/cri.sock"]),
+    st.sampled_from([None, "k3s"]),
+    LABELS,
+)
+NAMES = st.sampled_from([f"n{i}" for i in range(12)])
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    start=st.dictionaries(NAMES, FACTS, max_size=12),
+    steps=st.lists(st.tuples(NAMES, st.one_of(st.none(), FACTS)), max_size=20),
+)
+def test_an_incremental_snapshot_equals_a_full_build(
+    start: dict[str, NodeFacts], steps: list[tuple[str, NodeFacts | None]]
+) -> None:
+    nodes = dict(start)
+    snapshot = node_snapshot(nodes)
+    for name, facts in steps:
+        if facts is None:
+            nodes.pop(name, None)
+        else:
+            nodes[name] = facts
+        snapshot = node_snapshot(dict(nodes), snapshot, frozenset((name,)))
+        full = node_snapshot(dict(nodes))
+        assert dict(snapshot.nodes) == dict(full.nodes)
+        assert dict(snapshot.groups) == dict(full.groups)
+        assert _index(snapshot) == _index(full)
