@@ -13,7 +13,7 @@ from webhook.cluster.labeller import Labeller
 from webhook.cluster.namespaces import NamespaceCache
 from webhook.cluster.nodes import NodeCache
 from webhook.config import ClusterSettings
-from webhook.mutation.facts import ClusterFacts, ExportedFacts, NodeState, export_rows
+from webhook.mutation.facts import ClusterFacts, ExportedFacts, NodeSnapshot, NodeState
 
 log = logging.getLogger(__name__)
 
@@ -78,13 +78,13 @@ class ClusterView:
         state: NodeState = "synced" if self.nodes.synced else "unsynced"
         return ClusterFacts(self.namespaces.labels(namespace), self.nodes.snapshot, state)
 
-    def export(self, have: int | None) -> ExportedFacts:
-        """The facts as plain data for a preview worker that holds node table `have`."""
+    def export(self) -> tuple[ExportedFacts, NodeSnapshot]:
+        """The facts as plain data for a preview worker, and the node snapshot its questions are answered
+        from (the one of this moment, for the whole preview)."""
         nodes = self.nodes.snapshot
-        version = self.nodes.version
-        rows = None if have == version else export_rows(nodes.nodes)
         namespaces = {name: dict(labels) for name, labels in self.namespaces.informer.items.items()}
-        return ExportedFacts(namespaces, "synced" if self.nodes.synced else "unsynced", version, rows)
+        state: NodeState = "synced" if self.nodes.synced else "unsynced"
+        return ExportedFacts(namespaces, state, dict(nodes.groups), len(nodes.nodes)), nodes
 
     def readiness(self) -> str | None:
         waiting = [c.informer.name for c in (self.nodes, self.namespaces) if not c.synced]

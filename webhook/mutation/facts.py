@@ -140,21 +140,15 @@ class Facts(NamedTuple):
     cluster: ClusterFacts = NO_CLUSTER
 
 
-NodeRow = tuple[str | None, str | None, str | None, dict[str, str]]
-
-
 class ExportedFacts(NamedTuple):
-    """The cluster facts as plain, picklable data, for a preview worker process. `nodes` is None when the
-    worker already holds the table of `node_version`; `namespaces` is None without cluster access."""
+    """The cluster facts as plain, picklable data, for a preview worker process: the namespaces' labels
+    (None without cluster access) and the node snapshot's runtime groups; the worker asks for the nodes
+    and label-index entries a pod needs (previewer.py), rather than holding a copy of every node."""
 
     namespaces: dict[str, dict[str, str]] | None
     node_state: NodeState
-    node_version: int
-    nodes: dict[str, NodeRow] | None
+    groups: dict[Group, int]
+    node_count: int
 
 
-NO_FACTS = ExportedFacts(None, "none", 0, None)
-
-
-def export_rows(nodes: Mapping[str, NodeFacts]) -> dict[str, NodeRow]:
-    return {name: (f.flavour, f.cri_socket, f.distro, dict(f.labels)) for name, f in nodes.items()}
+NO_FACTS = ExportedFacts(None, "none", {}, 0)
