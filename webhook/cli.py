@@ -234,7 +234,7 @@ def _audit(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _certs_ensure(args: argparse.Namespace) -> int:
-    from webhook.cluster.access import ClusterAccessError, api_client
+    from webhook.cluster.access import ClusterAccessError
     from webhook.cluster.certificates import CertificateManager, EnsureError, own_namespace
 
     try:
@@ -247,9 +247,7 @@ def _certs_ensure(args: argparse.Namespace) -> int:
         print("copilot-webhook: certs ensure: --namespace is required outside a pod", file=sys.stderr)
         return EXIT_USAGE
     try:
-        api = api_client(settings.cluster)
-        if api is None:
-            raise ClusterAccessError("no cluster access (no service account, no kubeconfig)")
+        api = _required_api(settings)
         manager = CertificateManager(
             api, args.secret, namespace, args.webhook_config, args.service or args.webhook_config, args.days
         )
@@ -264,6 +262,16 @@ def _certs_ensure(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _required_api(settings: Settings) -> Any:
+    """The cluster's API client, or ClusterAccessError: these commands do nothing without one."""
+    from webhook.cluster.access import ClusterAccessError, api_client
+
+    api = api_client(settings.cluster)
+    if api is None:
+        raise ClusterAccessError("no cluster access (no service account, no kubeconfig)")
+    return api
+
+
 def _address(text: str) -> tuple[str, int] | None:
     host, _, port = text.rpartition(":")
     host = host.removeprefix("[").removesuffix("]")
@@ -272,7 +280,6 @@ def _address(text: str) -> tuple[str, int] | None:
 
 def _install_step(args: argparse.Namespace, settings: Settings) -> int:
     """`verify` and `unregister`: what the chart's test and pre-delete hooks run."""
-    from webhook.cluster.access import ClusterAccessError, api_client
     from webhook.cluster.install import unregister, verify
 
     address = None
@@ -282,9 +289,7 @@ def _install_step(args: argparse.Namespace, settings: Settings) -> int:
             print("copilot-webhook: --address must be HOST:PORT or [IPv6]:PORT", file=sys.stderr)
             return EXIT_USAGE
     try:
-        api = api_client(settings.cluster)
-        if api is None:
-            raise ClusterAccessError("no cluster access (no service account, no kubeconfig)")
+        api = _required_api(settings)
         if args.command == "unregister":
             print(unregister(api, args.webhook_config))
             return EXIT_OK
