@@ -43,8 +43,10 @@ pytest: $(BIN)/copilot-webhook
 bench-micro: $(BIN)/copilot-webhook
 	$(BIN)/python bench/plan_bench.py
 
+# The node cache at scale: make bench-nodes NODES=65000
+NODES ?= 5000
 bench-nodes: $(BIN)/copilot-webhook
-	$(BIN)/python bench/nodes_bench.py
+	$(BIN)/python bench/nodes_bench.py --nodes $(NODES)
 
 # Load benchmark against the reference webhooks: make bench ANCHORS=<dir with go-floor/, py-naive/, load.sh>
 bench: $(BIN)/copilot-webhook
