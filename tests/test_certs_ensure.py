@@ -399,3 +399,29 @@ def _metrics(port: int, ca: Path) -> str:
         while chunk := tls.recv(65536):
             chunks.append(chunk)
     return b"".join(chunks).decode()
+
+
+def test_a_failed_self_check_repairs_at_once(cluster: FakeAPIServer, tmp_path: Path) -> None:
+    """The files the server serves no longer match the Secret (say a stale volume): the self-check after
+    the next change of the configuration fails, the keeper rewrites the files, the server reloads them
+    and the check passes again."""
+    with _serving(cluster, tmp_path, "--certs-secret", "cw-tls", "--webhook-config", "cw") as server:
+        ca = _ours(cluster, tmp_path)
+        assert eventually(lambda: "copilot_webhook_tls_self_check 1.0" in _metrics(server.port, ca))
+        stale = tmp_path / "stale"
+        generate_files(stale, "cw", "flyte")  # the right names, another CA
+        for name in ("tls.key", "tls.crt"):
+            (server.workdir / name).write_bytes((stale / name).read_bytes())
+        time.sleep(1.5)  # reloaded: now serving what the published bundle does not sign
+        cluster.edit(MWC, lambda config: config["metadata"].setdefault("annotations", {}).update(touched="1"))
+        secret_leaf = base64.b64decode(cluster.store[SECRET]["data"]["tls.crt"])
+        assert eventually(lambda: (server.workdir / "tls.crt").read_bytes() == secret_leaf, timeout=5)
+        assert eventually(lambda: "the self-check failed" in server.output())
+
+        def verified_and_passing() -> bool:
+            try:
+                return "copilot_webhook_tls_self_check 1.0" in _metrics(server.port, ca)
+            except ssl.SSLError:
+                return False  # still the stale pair, for a moment
+
+        assert eventually(verified_and_passing, timeout=10)

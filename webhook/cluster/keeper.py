@@ -168,12 +168,14 @@ class AdmissionKeeper:
             next_renew = now + self.renew_every
         if self.listening.is_set() and now >= next_check:
             why = self.check()
+            next_check = now + self.check_every
             if why and self.out is not None:
                 self.repair(f"the self-check failed ({why})")
-                why = self.check()
-            if not why:
+                # The server reloads the rewritten files within a second: look again soon, less often
+                # while it keeps failing (the repair back-off).
+                next_check = now + max(2.0, self._repair_pause)
+            elif not why:
                 self.promote()
-            next_check = now + self.check_every
         return next_renew, next_check
 
     def run(self) -> None:
