@@ -425,3 +425,18 @@ def test_a_failed_self_check_repairs_at_once(cluster: FakeAPIServer, tmp_path: P
                 return False  # still the stale pair, for a moment
 
         assert eventually(verified_and_passing, timeout=10)
+
+
+@pytest.mark.parametrize(
+    "annotation",
+    ["not json", '["Fail"]', '{"ptrace.copilot-webhook.io": "fail"}', '{"ptrace.copilot-webhook.io": 1}'],
+)
+def test_a_garbled_policy_annotation_promotes_nothing(cluster: FakeAPIServer, tmp_path: Path, annotation: str) -> None:
+    """The annotation is the chart's; whatever is written there, only Ignore or Fail is ever patched in."""
+    manager = _manager(cluster, tmp_path)
+    manager.ensure()
+    config = cluster.store[MWC]
+    config["metadata"]["annotations"] = {POLICY_ANNOTATION: annotation}
+    assert manager.declared_policies(config) == {}
+    assert manager.promote_policies() == []
+    assert all("failurePolicy" not in hook for hook in cluster.store[MWC]["webhooks"])

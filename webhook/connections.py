@@ -30,9 +30,14 @@ class Limits:
     """Shared by every connection of one server; the server flips `draining`."""
 
     def __init__(
-        self, max_connections: int, idle_timeout: float, on_refused: Callable[[], None] = lambda: None
+        self,
+        max_connections: int,
+        idle_timeout: float,
+        on_refused: Callable[[], None] = lambda: None,
+        name: str = "server.maxConnections",
     ) -> None:
         self.max_connections = max_connections
+        self.name = name
         self.on_refused = on_refused
         self.idle_timeout = idle_timeout
         self.draining = False
@@ -46,8 +51,9 @@ class Limits:
         if now - self._last_warning > 10:  # one line per 10 s, however hard a client pushes
             self._last_warning = now
             log.warning(
-                "connection closed: %d open, over server.maxConnections (%d); %d refused so far",
+                "connection closed: %d open, over %s (%d); %d refused so far",
                 open_connections,
+                self.name,
                 self.max_connections,
                 self.refused,
             )

@@ -224,7 +224,10 @@ def serve(
                 MetricsApp(metrics),
                 host=server_settings.host,
                 port=server_settings.metrics_port,
-                http=protocol_class(Limits(16, server_settings.idle_timeout_seconds)),
+                # Scrapers are few: 16 connections, and silent ones go at the idle timeout like anywhere.
+                http=protocol_class(
+                    Limits(16, server_settings.idle_timeout_seconds, name="the metrics port's 16 connections")
+                ),
                 lifespan="off",
                 access_log=False,
                 server_header=False,
