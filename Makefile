@@ -48,9 +48,10 @@ NODES ?= 5000
 bench-nodes: $(BIN)/copilot-webhook
 	$(BIN)/python bench/nodes_bench.py --nodes $(NODES)
 
-# Load benchmark against the reference webhooks: make bench ANCHORS=<dir with go-floor/, py-naive/, load.sh>
+# Load benchmark against the reference webhooks: make bench ANCHORS=<dir with go-floor/, py-naive/, post.lua>
 bench: $(BIN)/copilot-webhook
-	bash bench/load.sh $(ANCHORS)
+	@test -n "$(ANCHORS)" || { echo "make bench ANCHORS=<dir with go-floor/, py-naive/, post.lua>"; exit 2; }
+	$(BIN)/python bench/load.py --anchors $(ANCHORS)
 
 clean:
 	rm -rf $(VENV) $(CERTS) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -523,3 +523,15 @@ def test_notes_tell_how_to_verify_the_install() -> None:
     notes = next(text for path, text in manifests.items() if path.endswith("NOTES.txt"))
     assert "helm test cw -n flyte" in notes
     assert "Ignore until a replica has verified its own listener" in notes
+
+
+def test_one_version_everywhere() -> None:
+    """webhook.__version__ is the version; the package reads it, and the chart's appVersion and default
+    puller images must say the same."""
+    from webhook import __version__
+
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["appVersion"] == __version__
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert {image.rsplit(":", 1)[1] for image in values["imagePuller"]["pullerImages"].values()} == {__version__}
+    assert build_settings({}).image_puller.puller_images.docker.endswith(f":{__version__}")

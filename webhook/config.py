@@ -20,6 +20,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
 
+from webhook import __version__
 from webhook.documents import DocumentError, decode_text, load_yaml_documents
 
 ENV_PREFIX = "COPILOT_WEBHOOK_"
@@ -96,7 +97,7 @@ class PreviewSettings(_Section):
 
 Flavour = Literal["docker", "containerd", "cri-o"]
 FLAVOURS: tuple[Flavour, ...] = ("docker", "containerd", "cri-o")
-PULLER_IMAGE = "ghcr.io/copilot-webhook/image-puller:0.1.0"
+PULLER_IMAGE = f"ghcr.io/copilot-webhook/image-puller:{__version__}"
 # Kubernetes resource quantities, e.g. 10m, 64Mi, 1.5, 1e3 (apimachinery's resource.Quantity).
 _QUANTITY = re.compile(r"^[+]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+|[numkKMGTPE]|[KMGTPE]i)?$")
 
