@@ -10,13 +10,10 @@ signal instead. tests/flyte_source.py rebuilds these pods from the Go code, tag 
 
 from __future__ import annotations
 
-import fnmatch
-import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import lru_cache
 
 from webhook.config import CopilotSettings, PtraceMode, PtraceSettings
+from webhook.mutation.globs import glob_matcher
 from webhook.mutation.pod import Container, PodShapeError, PodView
 from webhook.mutation.pointer import Operation, add, remove
 
@@ -26,13 +23,6 @@ PRIMARY_ANNOTATION = "primary_container_name"
 PTRACE_ANNOTATION = "copilot-webhook.io/ptrace"
 CAPABILITY = "SYS_PTRACE"
 _PRIVILEGE = {"drop": 0, "keep": 1, "add": 2}
-
-
-@lru_cache(maxsize=64)
-def _image_matcher(patterns: tuple[str, ...]) -> Callable[[str], re.Match[str] | None]:
-    if not patterns:
-        return lambda _image: None
-    return re.compile("|".join(f"(?:{fnmatch.translate(p)})" for p in patterns)).match
 
 
 def copilot_role(container: Container, settings: CopilotSettings) -> str | None:
@@ -47,7 +37,7 @@ def copilot_role(container: Container, settings: CopilotSettings) -> str | None:
     if isinstance(command, list) and command and command[0] in settings.commands:
         return role
     image = container.body.get("image")
-    if isinstance(image, str) and _image_matcher(settings.image_patterns)(image):
+    if isinstance(image, str) and glob_matcher(settings.image_patterns)(image):
         return role
     return None
 

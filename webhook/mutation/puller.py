@@ -9,16 +9,14 @@ escalation, no capabilities, a read-only root filesystem.
 
 from __future__ import annotations
 
-import fnmatch
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any, TypeVar
 
 from webhook.config import FLAVOURS, ImagePullerSettings, PullerImages
 from webhook.mutation.copilot import Undecidable
 from webhook.mutation.facts import Facts
+from webhook.mutation.globs import glob_matcher
 from webhook.mutation.pod import PodShapeError, PodView
 from webhook.mutation.pointer import Operation, add, join
 from webhook.mutation.runtime import Runtime, decide_runtime, required_terms
@@ -31,13 +29,6 @@ VOLUME_NAME = "copilot-webhook-runtime-socket"
 SECRETS_VOLUME = "copilot-webhook-pull-secrets"
 SECRETS_PATH = "/var/run/copilot-webhook/pull-secrets"
 PULLER_COMMAND = "copilot-webhook-pull"
-
-
-@lru_cache(maxsize=64)
-def _matcher(patterns: tuple[str, ...]) -> Callable[[str], re.Match[str] | None]:
-    if not patterns:
-        return lambda _image: None
-    return re.compile("|".join(f"(?:{fnmatch.translate(p)})" for p in patterns)).match
 
 
 def _per_settings(fn: Callable[[S], R]) -> Callable[[S], R]:
@@ -80,7 +71,7 @@ def select_images(view: PodView, settings: ImagePullerSettings) -> list[str]:
     """Images of the pod's containers and init containers that match `images` and not `exclude`, without
     the puller's own, those the kubelet never pulls (`Never`) or pulls anyway (`Always`), normalised the
     way the runtimes normalise them and de-duplicated in order."""
-    wanted, unwanted = _matcher(settings.images), _matcher(settings.exclude)
+    wanted, unwanted = glob_matcher(settings.images), glob_matcher(settings.exclude)
     own = _own_images(settings.puller_images)
     chosen: list[str] = []
     for c in view.containers:
