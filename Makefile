@@ -32,7 +32,7 @@ lint: $(BIN)/copilot-webhook
 	$(BIN)/ruff format --check .
 
 typecheck: $(BIN)/copilot-webhook
-	$(BIN)/mypy webhook certs
+	$(BIN)/mypy webhook certs tests bench
 
 imports: $(BIN)/copilot-webhook
 	$(BIN)/lint-imports

@@ -16,6 +16,7 @@ conditions) served in pages of 500 by the tests' list/watch API server in a proc
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import os
@@ -127,7 +128,7 @@ def _plan_timings(cache: Any) -> list[str]:
 
     settings = Settings()
     facts = Facts(RequestFacts("ns"), ClusterFacts(None, cache.snapshot, "synced"))
-    base = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {"containers": [
+    base: dict[str, Any] = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {"containers": [
         {"name": "main", "image": "python:3.11"},
         {"name": "flyte-copilot-uploader", "image": "cr.flyte.org/flyteorg/flytecopilot:v1.15.0"}]}}  # fmt: skip
     pools = sum(1 for name in cache.snapshot.nodes if cache.snapshot.nodes[name].labels.get("pool") == "pool-3")
@@ -140,9 +141,11 @@ def _plan_timings(cache: Any) -> list[str]:
         ),
         ("a nodeName", {**base, "spec": {**base["spec"], "nodeName": "node-00042"}}),
     ):
-        seconds = statistics.median(
-            timeit.repeat(lambda pod=pod: plan(pod, facts, settings, (PULLER,)), number=50, repeat=5)
-        )
+
+        def once(pod: dict[str, Any] = pod) -> None:
+            plan(pod, facts, settings, (PULLER,))
+
+        seconds = statistics.median(timeit.repeat(once, number=50, repeat=5))
         lines.append(f"| {label} | {seconds / 50 * 1e6:,.0f} µs |")
     return lines
 
@@ -332,7 +335,11 @@ def _keep_relisting(cluster: Cluster, server: Server, stop: threading.Event) -> 
     while not stop.is_set():
         done = server.listed()
         cluster.command("relist")
-        _until(lambda done=done: server.listed() > done)
+        _until(functools.partial(_more_listed, server, done))
+
+
+def _more_listed(server: Server, done: int) -> bool:
+    return server.listed() > done
 
 
 def _until(check: Callable[[], bool]) -> None:

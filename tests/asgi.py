@@ -12,7 +12,7 @@ from webhook.server import WebhookApp
 
 def call(app: WebhookApp, method: str, path: str, body: bytes = b"", **headers: str) -> httpx.Response:
     async def run() -> httpx.Response:
-        transport = httpx.ASGITransport(app=app)
+        transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type] # httpx's ASGI type wants MutableMapping
         async with httpx.AsyncClient(transport=transport, base_url="https://webhook") as client:
             hdrs = {k.replace("_", "-"): v for k, v in headers.items()}
             return await client.request(method, path, content=body, headers=hdrs)

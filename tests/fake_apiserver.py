@@ -109,7 +109,7 @@ def discovery(path: str, version: str) -> dict[str, Any] | None:
 
 # The API server's Table rendering of a Node (kubernetes pkg/printers/internalversion/printers.go:
 # nodeColumnDefinitions and printNode; the server always renders the wide columns).
-NODE_COLUMNS = [
+NODE_COLUMNS: list[dict[str, Any]] = [
     {"name": "Name", "type": "string", "format": "name", "description": "Name must be unique.", "priority": 0},
     {"name": "Status", "type": "string", "format": "", "description": "The status of the node", "priority": 0},
     {"name": "Roles", "type": "string", "format": "", "description": "The roles of the node", "priority": 0},

@@ -225,7 +225,8 @@ def flyte_pod(line_name: str, task: Task) -> dict[str, Any]:
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
     if task.secrets == "before":
         _inject_secrets(pod)
-    return json.loads(json.dumps(pod))  # no shared sub-objects (YAML would write them as aliases)
+    copied: dict[str, Any] = json.loads(json.dumps(pod))  # no shared sub-objects (YAML would write aliases)
+    return copied
 
 
 def _metadata(line: Line, name: str) -> dict[str, Any]:

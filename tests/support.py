@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import base64
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +53,7 @@ def decoded_patch(answer: dict[str, Any]) -> list[dict[str, Any]]:
     return ops
 
 
-def apply(obj: dict[str, Any], ops: list[dict[str, Any]]) -> dict[str, Any]:
+def apply(obj: dict[str, Any], ops: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Apply as the API server would: strictly, to the exact object sent; the original is left untouched."""
     result = jsonpatch.JsonPatch(ops).apply(obj, in_place=False)
     assert isinstance(result, dict)

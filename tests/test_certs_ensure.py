@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import json
 import ssl
 import subprocess
@@ -143,7 +144,8 @@ def test_replicas_racing_on_a_fresh_install_agree(cluster: FakeAPIServer, tmp_pa
         barrier.wait()
         results.append(manager.ensure(tmp_path / f"out{n}"))
 
-    (tmp_path / "r0").mkdir(), (tmp_path / "r1").mkdir(), (tmp_path / "r2").mkdir(), (tmp_path / "r3").mkdir()
+    for n in range(4):
+        (tmp_path / f"r{n}").mkdir()
     threads = [threading.Thread(target=replica, args=(n,)) for n in range(4)]
     for t in threads:
         t.start()
@@ -382,7 +384,11 @@ def test_two_replicas_starting_at_once_serve_the_chart_owned_secret(cluster: Fak
         assert served == {base64.b64decode(secret["data"]["tls.crt"])}
         ca = _ours(cluster, tmp_path)
         for server in servers:
-            assert eventually(lambda s=server: "copilot_webhook_tls_self_check 1.0" in _metrics(s.port, ca))
+            assert eventually(functools.partial(_self_check_passes, server.port, ca))
+
+
+def _self_check_passes(port: int, ca: Path) -> bool:
+    return "copilot_webhook_tls_self_check 1.0" in _metrics(port, ca)
 
 
 def _metrics(port: int, ca: Path) -> str:

@@ -281,7 +281,10 @@ def test_tls_modes() -> None:
     assert managed["Issuer/cw-copilot-webhook"]["spec"] == {"ca": {"secretName": ca["spec"]["secretName"]}}
     certificate = managed["Certificate/cw-copilot-webhook"]
     assert certificate["spec"]["issuerRef"] == {"name": "cw-copilot-webhook", "kind": "Issuer"}
-    hours = lambda duration: int(duration.removesuffix("h"))  # noqa: E731
+
+    def hours(duration: str) -> int:
+        return int(duration.removesuffix("h"))
+
     assert hours(ca["spec"]["duration"]) >= max(10 * hours(certificate["spec"]["duration"]), 43800)
     assert certificate["spec"]["dnsNames"][2] == "cw-copilot-webhook.flyte.svc"
     assert certificate["spec"]["secretName"] == "cw-copilot-webhook-tls"

@@ -6,6 +6,7 @@ import base64
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import orjson
 import yaml
@@ -15,7 +16,8 @@ from tests.support import PODS
 ENV = {"PATH": "/usr/bin:/bin"}
 
 
-def _run(*args: str, env: dict[str, str] | None = None, stdin: bytes | None = None) -> subprocess.CompletedProcess[str]:
+def _run(*args: str, env: dict[str, str] | None = None, stdin: bytes | None = None) -> subprocess.CompletedProcess[Any]:
+    """Text out, unless `stdin` is given: then bytes in and out."""
     return subprocess.run(
         [sys.executable, "-m", "webhook", *args],
         capture_output=True,

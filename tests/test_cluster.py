@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,7 +18,7 @@ from webhook.config import ClusterSettings
 NODES, NAMESPACES = "/api/v1/nodes", "/api/v1/namespaces"
 
 
-def _view(api: FakeAPIServer, tmp_path: Path, **options: object) -> ClusterView:
+def _view(api: FakeAPIServer, tmp_path: Path, **options: Any) -> ClusterView:
     client = api_client(ClusterSettings(kubeconfig=str(api.kubeconfig(tmp_path / "kubeconfig"))))
     assert client is not None
     options = {"watch_seconds": 2, "backoff": (0.05, 0.2), **options}

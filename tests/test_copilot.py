@@ -106,7 +106,8 @@ LEGACY = (
 def test_pod_override_never_escalates_unless_allowed(
     cluster: str, wanted: str, allow: bool, applied: str, refused: bool
 ) -> None:
-    pod = _pod(*LEGACY, **{"copilot-webhook.io/ptrace": wanted})
+    pod = _pod(*LEGACY)
+    pod["metadata"]["annotations"] = {"copilot-webhook.io/ptrace": wanted}
     result = _decide(pod, ptrace={"mode": cluster, "allowPodOverride": allow})
     assert result.audit["ptrace"] == applied
     assert any("refused" in w for w in result.warnings) is refused

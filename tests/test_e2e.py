@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import orjson
@@ -29,7 +30,7 @@ def server(tls_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         yield running
 
 
-def _review_bytes(obj: dict[str, object] | None = None, **request: object) -> bytes:
+def _review_bytes(obj: dict[str, object] | None = None, **request: Any) -> bytes:
     return orjson.dumps(review(obj or pod("flyte-1.15-bare.yaml"), **request))
 
 

@@ -4,11 +4,13 @@ and request targets no API server sends. Every case ends with the server still s
 
 from __future__ import annotations
 
+import functools
 import signal
 import socket
 import ssl
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -77,11 +79,15 @@ def test_garbage_configuration_files_are_refused_and_the_last_good_one_stays(tls
         server.client() as client,
     ):
         config = server.workdir / "config.yaml"
+
+        def refused(at_least: int) -> bool:
+            return server.output().count("refused, the previous one stays in force") >= at_least
+
         for n, data in enumerate(GARBAGE_CONFIGS.values(), start=1):
             staged = server.workdir / "config.new"
             staged.write_bytes(data)
             staged.replace(config)
-            assert eventually(lambda n=n: server.output().count("refused, the previous one stays in force") >= n)
+            assert eventually(functools.partial(refused, n))
             res = client.post("/mutate/ptrace", content=_review_bytes(), headers=JSON)
             assert res.json()["response"]["auditAnnotations"]["ptrace"] == "drop"
         assert server.process.poll() is None
@@ -195,9 +201,9 @@ LIMITS = "server:\n  deadlineSeconds: 0.5\n  idleTimeoutSeconds: 0.5\n  maxConne
 
 
 @pytest.fixture(scope="module")
-def server(tls_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Server:
+def server(tls_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     with running_server(tls_dir, tmp_path_factory.mktemp("hardening"), config=LIMITS) as running:
-        yield running  # type: ignore[misc]
+        yield running
 
 
 def test_a_body_that_never_starts_is_answered_408(server: Server) -> None:
@@ -383,12 +389,12 @@ def test_a_client_ca_removed_from_the_file_is_no_longer_trusted(tls_dir: Path, t
 
     def status(files: tuple[Path, Path]) -> int:
         try:
-            with httpx.Client(verify=client_context(server.ca, *files), timeout=5) as client:
-                return client.get(server.url + "/healthz").status_code
+            with httpx.Client(verify=client_context(srv.ca, *files), timeout=5) as client:
+                return client.get(srv.url + "/healthz").status_code
         except (httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError):
             return 0
 
-    with running_server(tls_dir, tmp_path / "srv", "--client-ca", str(bundle)) as server:
+    with running_server(tls_dir, tmp_path / "srv", "--client-ca", str(bundle)) as srv:
         assert status(old_client) == 200
         assert status(new_client) == 200
         staged = tmp_path / "client-ca.new"

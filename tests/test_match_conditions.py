@@ -11,6 +11,8 @@ from typing import Any
 
 import celpy
 import pytest
+from celpy.adapter import json_to_cel
+from celpy.evaluation import CELEvalError
 
 from tests import flyte_source
 from tests.support import GOLDEN, PODS, apply, load_yaml
@@ -60,7 +62,7 @@ def _conditions(variant: str) -> dict[str, Any]:
 def _sent(program: Any, pod: dict[str, Any]) -> bool:
     if program is None:
         return True
-    result = program.evaluate({"object": celpy.json_to_cel(pod)})
+    result = program.evaluate({"object": json_to_cel(pod)})
     assert isinstance(result, celpy.celtypes.BoolType), f"the expression must yield a boolean, got {result!r}"
     return bool(result)
 
@@ -112,9 +114,9 @@ def test_cel_library_is_real() -> None:
     """A check that can fail: an expression over a missing field errors rather than matching."""
     env = celpy.Environment()
     program = env.program(env.compile("object.spec.nodeName == 'n1'"))
-    assert bool(program.evaluate({"object": celpy.json_to_cel({"spec": {"nodeName": "n1"}})}))
-    with pytest.raises(celpy.CELEvalError):
-        program.evaluate({"object": celpy.json_to_cel({"spec": {}})})
+    assert bool(program.evaluate({"object": json_to_cel({"spec": {"nodeName": "n1"}})}))
+    with pytest.raises(CELEvalError):
+        program.evaluate({"object": json_to_cel({"spec": {}})})
 
 
 # --- the ValidatingAdmissionPolicy behind ptrace.mode=drop --------------------------------------------------
@@ -149,7 +151,7 @@ def _denied(variant: str, pod: dict[str, Any]) -> bool:
     """What the API server does with the policy: evaluate matchConditions; if all hold, the variables in
     order, then the validation; deny when it is false."""
     conditions, variables, validation = _policy(variant)
-    activation: dict[str, Any] = {"object": celpy.json_to_cel(pod)}
+    activation: dict[str, Any] = {"object": json_to_cel(pod)}
     if not all(bool(c.evaluate(activation)) for c in conditions):
         return False
     bound: dict[Any, Any] = {}

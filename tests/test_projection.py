@@ -23,7 +23,7 @@ from webhook.config import ClusterSettings
 from webhook.mutation.facts import NodeFacts, NodeSnapshot, node_snapshot
 
 NODES = "/api/v1/nodes"
-COLUMNS = [c["name"] for c in NODE_COLUMNS]
+COLUMNS: list[str] = [str(c["name"]) for c in NODE_COLUMNS]
 
 
 def _golden_node_sets() -> dict[str, list[dict[str, Any]]]:

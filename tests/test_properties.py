@@ -73,7 +73,7 @@ def pods(draw: st.DrawFn) -> dict[str, Any]:
     elif draw(st.booleans()):
         spec["hostPID"] = True
     metadata: dict[str, Any] = {"name": "p"}
-    annotations = draw(
+    annotations: dict[str, Any] = draw(
         st.fixed_dictionaries(
             {},
             optional={
@@ -83,7 +83,7 @@ def pods(draw: st.DrawFn) -> dict[str, Any]:
             },
         )
     )
-    if annotations or draw(st.booleans()):
+    if annotations or draw(st.booleans()):  # type: ignore[arg-type]
         metadata["annotations"] = annotations
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
 

@@ -62,7 +62,10 @@ def test_keyring_matches_as_the_kubelet_does(tmp_path: Path) -> None:
             "registry.example.com:5000": _auth("port"),
         },
     )
-    users = lambda image: [c.username for c in keyring.lookup(parse(image))]  # noqa: E731
+
+    def users(image: str) -> list[str]:
+        return [c.username for c in keyring.lookup(parse(image))]
+
     assert users("busybox") == ["hub"]
     assert users("registry.example.com/team/app:1") == ["team", "any-path"], "most specific first, then the rest"
     assert users("registry.example.com/other/app:1") == ["any-path"]

@@ -34,7 +34,10 @@ def test_symlink_swapped_config_and_certificates_are_reloaded(tmp_path: Path) ->
     secret, config = tmp_path / "secret", tmp_path / "config"
     secret.mkdir()
     config.mkdir()
-    pair = lambda d: {n: (d / n).read_bytes() for n in ("tls.crt", "tls.key")}  # noqa: E731
+
+    def pair(folder: Path) -> dict[str, bytes]:
+        return {n: (folder / n).read_bytes() for n in ("tls.crt", "tls.key")}
+
     _kubelet_volume(secret, pair(certs_a), 1)
     _kubelet_volume(config, {"config.yaml": b"ptrace:\n  mode: add\n"}, 1)
 
