@@ -318,29 +318,12 @@ def _certs(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    if args.command == "certs":
-        if args.days < 1 or args.days > 3650:
-            print("copilot-webhook: --days must be from 1 to 3650", file=sys.stderr)
-            return EXIT_USAGE
-        return _certs(args)
-    try:
-        settings = settings_for(args)
-    except ConfigError as exc:
-        print(f"copilot-webhook: invalid configuration: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    if args.command == "config":
-        sys.stdout.write(yaml.safe_dump(dump_settings(settings), sort_keys=False))
-        return EXIT_OK
-    if args.command == "preview":
-        return _preview(args, settings)
-    if args.command == "label-nodes":
-        return _label_nodes(args, settings)
-    if args.command == "audit":
-        return _audit(args, settings)
-    if args.command in ("verify", "unregister"):
-        return _install_step(args, settings)
+def _config_show(_args: argparse.Namespace, settings: Settings) -> int:
+    sys.stdout.write(yaml.safe_dump(dump_settings(settings), sort_keys=False))
+    return EXIT_OK
+
+
+def _serve(args: argparse.Namespace, settings: Settings) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from webhook.serve import serve
 
@@ -357,3 +340,29 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("copilot-webhook: --self-check-address must be HOST:PORT or [IPv6]:PORT", file=sys.stderr)
             return EXIT_USAGE
     return serve(settings, getattr(args, "config", None), _serve_overrides(args), managed, check)
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace, Settings], int]] = {
+    "config": _config_show,
+    "preview": _preview,
+    "label-nodes": _label_nodes,
+    "audit": _audit,
+    "verify": _install_step,
+    "unregister": _install_step,
+    "serve": _serve,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "certs":
+        if args.days < 1 or args.days > 3650:
+            print("copilot-webhook: --days must be from 1 to 3650", file=sys.stderr)
+            return EXIT_USAGE
+        return _certs(args)
+    try:
+        settings = settings_for(args)
+    except ConfigError as exc:
+        print(f"copilot-webhook: invalid configuration: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    return COMMANDS[args.command](args, settings)

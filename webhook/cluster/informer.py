@@ -260,7 +260,8 @@ class Informer(Generic[T]):
         finally:
             response.release_conn()
 
-    def _event(self, line: bytes) -> None:
+    def _parse(self, line: bytes) -> tuple[str, dict[str, Any]] | None:
+        """(type, object) of a watch event line; None (counted, logged) when it is malformed."""
         try:
             event = orjson.loads(line)
             kind, obj = event["type"], event["object"]
@@ -269,33 +270,49 @@ class Informer(Generic[T]):
         except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
             self.skipped_events += 1
             log.warning("%s cache: skipped a malformed watch event (%s): %.200r", self.name, exc, line)
+            return None
+        return kind, obj
+
+    def _unwrap(self, kind: str, obj: dict[str, Any]) -> dict[str, Any] | None:
+        """The object of a Table event (a bookmark's Table carries only its version and columns)."""
+        if obj.get("kind") != "Table":
+            return obj
+        if kind == "BOOKMARK":
+            self._remember_columns(obj)
+            return obj
+        rows = self._objects(obj)
+        return rows[0] if rows else None
+
+    def _event(self, line: bytes) -> None:
+        parsed = self._parse(line)
+        if parsed is None:
             return
+        kind, obj = parsed
         if kind == "ERROR":
             if obj.get("code") == 410:
                 raise Gone(obj.get("message", "resource version too old"))
             raise RuntimeError(f"watch error: {obj.get('message') or obj}")
         version = (obj.get("metadata") or {}).get("resourceVersion")
-        if obj.get("kind") == "Table":
-            if kind == "BOOKMARK":
-                self._remember_columns(obj)
-            else:
-                rows = self._objects(obj)
-                if not rows:
-                    return
-                obj = rows[0]
-        if kind != "BOOKMARK":
-            if kind not in ("ADDED", "MODIFIED", "DELETED"):
-                self.skipped_events += 1
-                log.warning("%s cache: skipped a watch event of unknown type %r", self.name, kind)
-                return
-            try:
-                self._apply(kind, obj)
-            except (KeyError, TypeError, ValueError) as exc:
-                self.skipped_events += 1
-                log.warning("%s cache: skipped an unreadable %s event: %s", self.name, kind, exc)
-                return
+        unwrapped = self._unwrap(kind, obj)
+        if unwrapped is None:
+            return
+        if kind != "BOOKMARK" and not self._applied(kind, unwrapped):
+            return
         if isinstance(version, str) and version:
             self.resource_version = version
+
+    def _applied(self, kind: str, obj: dict[str, Any]) -> bool:
+        if kind not in ("ADDED", "MODIFIED", "DELETED"):
+            self.skipped_events += 1
+            log.warning("%s cache: skipped a watch event of unknown type %r", self.name, kind)
+            return False
+        try:
+            self._apply(kind, obj)
+        except (KeyError, TypeError, ValueError) as exc:
+            self.skipped_events += 1
+            log.warning("%s cache: skipped an unreadable %s event: %s", self.name, kind, exc)
+            return False
+        return True
 
     # --- the loop -----------------------------------------------------------------------------------
     def run(self) -> None:

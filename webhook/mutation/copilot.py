@@ -229,29 +229,34 @@ def plan_ptrace(view: PodView, copilot: Copilot | None, settings: PtraceSettings
     mode = effective_mode(view, settings, result)
     if mode == "keep":
         result.decision, result.skip_reason = "keep", "mode-keep"
-        return result
-    if mode == "drop":
-        result.decision = "drop"
-        for container in view.containers:
-            revoke(container, result)
-        if copilot is not None and copilot.legacy:
-            result.warnings.append("SYS_PTRACE dropped: a legacy copilot may not see the user process exit")
-        if not result.ops:
-            result.skip_reason = "already-compliant"
-        return result
-    if copilot is None:
+    elif mode == "drop":
+        _drop(view, copilot, result)
+    elif copilot is None:
         result.decision, result.skip_reason = "keep", "not-copilot"
-        return result
-    if not copilot.legacy:
+    elif not copilot.legacy:
         why = copilot.why_no_capability()
         result.decision, result.skip_reason = f"add:none({why})", why
-        return result
-    if psa_level in ("baseline", "restricted"):
+    elif psa_level in ("baseline", "restricted"):
         result.decision, result.skip_reason = f"add:skipped(pod-security={psa_level})", "pod-security"
         result.warnings.append(
             f"SYS_PTRACE not added: the namespace enforces Pod Security {psa_level!r}, which forbids it"
         )
-        return result
+    else:
+        _add(view, copilot, settings, result)
+    return result
+
+
+def _drop(view: PodView, copilot: Copilot | None, result: PtraceResult) -> None:
+    result.decision = "drop"
+    for container in view.containers:
+        revoke(container, result)
+    if copilot is not None and copilot.legacy:
+        result.warnings.append("SYS_PTRACE dropped: a legacy copilot may not see the user process exit")
+    if not result.ops:
+        result.skip_reason = "already-compliant"
+
+
+def _add(view: PodView, copilot: Copilot, settings: PtraceSettings, result: PtraceResult) -> None:
     targets: list[tuple[Container, str]] = []
     if settings.target in ("primary", "all"):
         targets.append((primary_container(view, copilot), "primary container"))
@@ -268,16 +273,20 @@ def plan_ptrace(view: PodView, copilot: Copilot | None, settings: PtraceSettings
         for container in view.containers:
             if id(container) not in chosen:
                 revoke(container, result, "ptrace.target sidecar grants SYS_PTRACE to the copilot watcher alone")
-    if view.spec.get("shareProcessNamespace") is not True:
-        if view.spec.get("hostPID") is True:
-            result.warnings.append(
-                "shareProcessNamespace not set: the pod uses hostPID, which the API server forbids with it"
-            )
-        else:
-            result.ops.append((add("/spec/shareProcessNamespace", True), "the copilot watches the primary process"))
+    _share_process_namespace(view, result)
     if not result.ops:
         result.skip_reason = "already-compliant"
-    return result
+
+
+def _share_process_namespace(view: PodView, result: PtraceResult) -> None:
+    if view.spec.get("shareProcessNamespace") is True:
+        return
+    if view.spec.get("hostPID") is True:
+        result.warnings.append(
+            "shareProcessNamespace not set: the pod uses hostPID, which the API server forbids with it"
+        )
+    else:
+        result.ops.append((add("/spec/shareProcessNamespace", True), "the copilot watches the primary process"))
 
 
 __all__ = ["Copilot", "PodShapeError", "Undecidable", "find_copilot", "flyte_owned", "is_ptrace", "plan_ptrace"]

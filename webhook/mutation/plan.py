@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from webhook.config import Settings
-from webhook.mutation.copilot import PtraceResult, Undecidable, find_copilot, flyte_owned, plan_ptrace
+from webhook.mutation.copilot import Copilot, PtraceResult, Undecidable, find_copilot, flyte_owned, plan_ptrace
 from webhook.mutation.facts import INJECT_LABEL, MODE_LABEL, Facts
 from webhook.mutation.pod import PodView, read_pod
 from webhook.mutation.pointer import Operation, add, join
@@ -104,29 +104,9 @@ def plan(pod: Any, facts: Facts, settings: Settings, kinds: Collection[str] = KI
     # Each kind's operations are computed against the pod as sent; the ptrace operations come first
     # because the puller inserts an init container at index 0, which would shift the paths after it.
     if PTRACE in kinds:
-        if copilot is None and not flyte_owned(view):
-            out.outcomes[PTRACE] = Outcome(False, "not-copilot")
-        else:
-            try:
-                result = plan_ptrace(view, copilot, settings.ptrace, cluster.pod_security_level)
-            except Undecidable as exc:
-                undecided.append(str(exc))
-                out.outcomes[PTRACE] = Outcome(False, "undecided")
-            else:
-                audited = result.skip_reason != "not-copilot"
-                _absorb(out, PTRACE, result, result.decision.split(":")[0], audited=audited)
-
+        _plan_ptrace(out, undecided, view, copilot, settings, cluster.pod_security_level)
     if PULLER in kinds:
-        recorded = PULLER in parse_summary(view.annotation(MUTATED_ANNOTATION))
-        try:
-            pulled = plan_puller(view, copilot is not None, facts, settings.image_puller, recorded)
-        except Undecidable as exc:
-            undecided.append(str(exc))
-            out.outcomes[PULLER] = Outcome(False, "undecided")
-        else:
-            flavour = pulled.runtime.flavour if pulled.runtime else ""
-            _absorb(out, PULLER, pulled, flavour, audited=pulled.skip_reason not in ("disabled", "not-copilot"))
-            out.runtime, out.runtime_note = pulled.runtime, pulled.decision
+        _plan_puller(out, undecided, view, copilot is not None, facts, settings)
 
     summary = {kind: out.audit[kind] for kind, outcome in out.outcomes.items() if outcome.mutated}
     if summary:
@@ -137,6 +117,36 @@ def plan(pod: Any, facts: Facts, settings: Settings, kinds: Collection[str] = KI
         out.warnings.append(f"shadow mode: {len(out.changes)} patch operation(s) computed but not applied")
     out.undecided = "; ".join(undecided) or None
     return out
+
+
+def _plan_ptrace(
+    out: Plan, undecided: list[str], view: PodView, copilot: Copilot | None, settings: Settings, psa_level: str
+) -> None:
+    if copilot is None and not flyte_owned(view):
+        out.outcomes[PTRACE] = Outcome(False, "not-copilot")
+        return
+    try:
+        result = plan_ptrace(view, copilot, settings.ptrace, psa_level)
+    except Undecidable as exc:
+        undecided.append(str(exc))
+        out.outcomes[PTRACE] = Outcome(False, "undecided")
+        return
+    _absorb(out, PTRACE, result, result.decision.split(":")[0], audited=result.skip_reason != "not-copilot")
+
+
+def _plan_puller(
+    out: Plan, undecided: list[str], view: PodView, is_copilot: bool, facts: Facts, settings: Settings
+) -> None:
+    recorded = PULLER in parse_summary(view.annotation(MUTATED_ANNOTATION))
+    try:
+        pulled = plan_puller(view, is_copilot, facts, settings.image_puller, recorded)
+    except Undecidable as exc:
+        undecided.append(str(exc))
+        out.outcomes[PULLER] = Outcome(False, "undecided")
+        return
+    flavour = pulled.runtime.flavour if pulled.runtime else ""
+    _absorb(out, PULLER, pulled, flavour, audited=pulled.skip_reason not in ("disabled", "not-copilot"))
+    out.runtime, out.runtime_note = pulled.runtime, pulled.decision
 
 
 def _absorb(out: Plan, kind: str, result: PtraceResult | PullerResult, applied: str, audited: bool) -> None:

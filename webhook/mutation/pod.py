@@ -86,15 +86,24 @@ def read_pod(pod: Any, where: str = "pod") -> PodView:
     if metadata is not None:
         if type(metadata) is not dict:
             expect_object(metadata, f"{where}.metadata")
-        annotations = metadata.get("annotations")
-        if annotations is not None:
-            if type(annotations) is not dict:
-                expect_object(annotations, f"{where}.metadata.annotations")
-            if not all(type(v) is str for v in annotations.values()):
-                raise PodShapeError(f"{where}.metadata.annotations values must be strings")
+        annotations = _annotations(metadata.get("annotations"), where)
     spec = pod.get("spec")
     if type(spec) is not dict:
         expect_object(spec, f"{where}.spec")
+    return PodView(pod, metadata, annotations, spec, _containers(spec, where))
+
+
+def _annotations(annotations: Any, where: str) -> dict[str, str] | None:
+    if annotations is not None:
+        if type(annotations) is not dict:
+            expect_object(annotations, f"{where}.metadata.annotations")
+        if not all(type(v) is str for v in annotations.values()):
+            raise PodShapeError(f"{where}.metadata.annotations values must be strings")
+    checked: dict[str, str] | None = annotations
+    return checked
+
+
+def _containers(spec: dict[str, Any], where: str) -> tuple[Container, ...]:
     found: list[Container] = []
     for field in CONTAINER_LISTS:
         items = spec.get(field)
@@ -111,4 +120,4 @@ def read_pod(pod: Any, where: str = "pod") -> PodView:
             if type(name) is not str:
                 raise PodShapeError(f"{where}.spec.{field}[{index}].name must be a string")
             found.append(Container(field, index, body, name, f"/spec/{field}/{index}"))
-    return PodView(pod, metadata, annotations, spec, tuple(found))
+    return tuple(found)

@@ -224,9 +224,18 @@ def decide_runtime(
         return RuntimeDecision(
             skip_reason="cache-unsynced", warning="no image puller: the node cache has not synced yet"
         )
+    runtimes, source = _candidate_runtimes(view, request, snapshot, settings)
+    return _from_runtimes(runtimes, source, settings)
 
+
+RuntimeKey = tuple[str, str, str] | None  # (flavour, socket, client), or None for an unknown runtime
+
+
+def _candidate_runtimes(
+    view: PodView, request: RequestFacts, snapshot: NodeSnapshot, settings: ImagePullerSettings
+) -> tuple[Counter[RuntimeKey], str]:
+    """Every candidate node's runtime, counted, and a word on which nodes those were."""
     names = [request.node] if request.node is not None else candidate_nodes(view, snapshot)
-    # Every candidate's runtime, counted: (flavour, socket, client) or None for unknown.
     groups: Counter[tuple[str | None, str | None, str | None] | None]
     if names is None:
         groups = Counter(snapshot.groups)
@@ -235,9 +244,13 @@ def decide_runtime(
         nodes = snapshot.nodes
         groups = Counter(nodes[n].group if n in nodes else None for n in names)
         source = f"node {names[0]}" if len(names) == 1 else f"{len(names)} candidate nodes"
-    runtimes: Counter[tuple[str, str, str] | None] = Counter()
+    runtimes: Counter[RuntimeKey] = Counter()
     for group, count in groups.items():
         runtimes[(group[0], *socket_of(group, settings)) if group and group[0] else None] += count
+    return runtimes, source
+
+
+def _from_runtimes(runtimes: Counter[RuntimeKey], source: str, settings: ImagePullerSettings) -> RuntimeDecision:
     if not runtimes:
         return RuntimeDecision(
             skip_reason="no-candidate-nodes", warning="no image puller: no node matches the pod's node selection"
@@ -249,6 +262,11 @@ def decide_runtime(
                 skip_reason="unknown-runtime", warning=f"no image puller: the runtime of {source} is unknown"
             )
         return RuntimeDecision(Runtime(*only, source))
+    return _heterogeneous(runtimes, settings)
+
+
+def _heterogeneous(runtimes: Counter[RuntimeKey], settings: ImagePullerSettings) -> RuntimeDecision:
+    """Candidates disagree: skip, or pin the pod to the runtime most of them run."""
     flavours: Counter[str | None] = Counter()
     for key, count in runtimes.items():
         flavours[key[0] if key else None] += count

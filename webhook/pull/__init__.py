@@ -64,10 +64,10 @@ class Puller:
 
     def one(self, image: str) -> Outcome:
         started = time.monotonic()
-        attempts = 0
+        attempts = [0]
 
         def outcome(result: str, error: str = "") -> Outcome:
-            return Outcome(image, result, attempts, time.monotonic() - started, error)
+            return Outcome(image, result, attempts[0], time.monotonic() - started, error)
 
         if self.stop.is_set():
             return outcome("cancelled")
@@ -83,21 +83,27 @@ class Puller:
             if client.present(text, self._remaining()):
                 return outcome("present")
             credentials: list[Credential | None] = [*self.keyring.lookup(reference), None]  # matches, anonymous
-            while True:
-                attempts += 1
-                try:
-                    self._pull(client, text, credentials)
-                    return outcome("pulled")
-                except PullError as exc:
-                    if exc.permanent or attempts >= self.retries or self._remaining() <= 0:
-                        return outcome("failed", exc.message)
-                pause = min(self.backoff * 2 ** (attempts - 1), max(self._remaining(), 0))
-                if self.stop.wait(pause):
-                    return outcome("cancelled")
+            return outcome(*self._retried(client, text, credentials, attempts))
         except Cancelled:
             return outcome("cancelled")
         except PullError as exc:
             return outcome("failed", exc.message)
+
+    def _retried(
+        self, client: Client, text: str, credentials: list[Credential | None], attempts: list[int]
+    ) -> tuple[str, str]:
+        """Pull, retrying transient failures with back-off: (result, error); `attempts` counts the tries."""
+        while True:
+            attempts[0] += 1
+            try:
+                self._pull(client, text, credentials)
+                return "pulled", ""
+            except PullError as exc:
+                if exc.permanent or attempts[0] >= self.retries or self._remaining() <= 0:
+                    return "failed", exc.message
+            pause = min(self.backoff * 2 ** (attempts[0] - 1), max(self._remaining(), 0))
+            if self.stop.wait(pause):
+                return "cancelled", ""
 
     def _pull(self, client: Client, reference: str, credentials: list[Credential | None]) -> None:
         error: PullError | None = None
@@ -167,25 +173,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     keyring, problems = Keyring.from_directory(args.pull_secrets)
     for problem in problems:
         print(problem, flush=True)
-    clients: dict[str, Client] = {}
-    route: dict[str, str] = {}
-    if args.runtime == "docker":
-        clients["default"] = DockerClient(args.socket)
-    else:
-        cri = CRIClient(args.socket)
-        clients["default"] = cri
-        if args.pod_network_registry:
-            cas = {}
-            for item in args.registry_ca:
-                host, _, variable = item.partition("=")
-                cas[host] = os.environ.get(variable, "")
-            options: dict[str, list[str]] = {host: [] for host in args.pod_network_registry}
-            opt_ins = (("--plain-http", args.registry_plain_http), ("--skip-verify", args.registry_skip_verify))
-            for flag, hosts in opt_ins:
-                for host in hosts:
-                    options.setdefault(host, []).append(flag)
-            clients["native"] = NativeClient(args.socket, cri, options, cas)
-            route = dict.fromkeys(args.pod_network_registry, "native")
+    clients, route = _clients(args)
     puller = Puller(clients, route, keyring, time.monotonic() + args.timeout, args.retries, args.backoff)
 
     def stop(signum: int, _frame: FrameType | None) -> None:
@@ -198,10 +186,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     outcomes = puller.run(images, args.parallel)
     for outcome in outcomes:
         print(outcome.line(), flush=True)
+    return _summary(outcomes, args.failure_policy)
+
+
+def _clients(args: argparse.Namespace) -> tuple[dict[str, Client], dict[str, str]]:
+    """The runtime's client, and the pod-network one for the registries routed to it."""
+    if args.runtime == "docker":
+        return {"default": DockerClient(args.socket)}, {}
+    cri = CRIClient(args.socket)
+    if not args.pod_network_registry:
+        return {"default": cri}, {}
+    cas = {}
+    for item in args.registry_ca:
+        host, _, variable = item.partition("=")
+        cas[host] = os.environ.get(variable, "")
+    options: dict[str, list[str]] = {host: [] for host in args.pod_network_registry}
+    for flag, hosts in (("--plain-http", args.registry_plain_http), ("--skip-verify", args.registry_skip_verify)):
+        for host in hosts:
+            options.setdefault(host, []).append(flag)
+    native = NativeClient(args.socket, cri, options, cas)
+    return {"default": cri, "native": native}, dict.fromkeys(args.pod_network_registry, "native")
+
+
+def _summary(outcomes: list[Outcome], failure_policy: str) -> int:
     counts = {r: sum(o.result == r for o in outcomes) for r in RESULTS}
     summary = "summary " + " ".join(f"{k}={v}" for k, v in counts.items())
     unfinished = counts["failed"] + counts["cancelled"]
-    if unfinished and args.failure_policy == "Fail":
+    if unfinished and failure_policy == "Fail":
         print(f"{summary}: failing (failure policy Fail)", flush=True)
         return 1
     suffix = "; the kubelet pulls the rest as usual (failure policy Ignore)" if unfinished else ""
