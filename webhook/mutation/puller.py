@@ -19,7 +19,8 @@ from webhook.mutation.facts import Facts
 from webhook.mutation.globs import glob_matcher
 from webhook.mutation.pod import PodShapeError, PodView
 from webhook.mutation.pointer import Operation, add, join
-from webhook.mutation.runtime import Runtime, decide_runtime, required_terms
+from webhook.mutation.runtime import Runtime, decide_runtime
+from webhook.mutation.scheduling import required_terms
 from webhook.references import InvalidReference, Reference, parse
 
 S = TypeVar("S")

@@ -1,0 +1,125 @@
+"""Where a pod may run (spec 1.4): its nodeName, nodeSelector and required node affinity, read strictly,
+matched against the node cache's label index and labels. The runtime rules (runtime.py) count the
+runtimes of the nodes this returns."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping
+from typing import Any
+
+from webhook.mutation.facts import NodeSnapshot
+from webhook.mutation.pod import PodShapeError, PodView, type_name
+
+
+def _strings(value: Any, where: str) -> list[str]:
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise PodShapeError(f"{where} must be an array of strings")
+    return value
+
+
+def _expression_matches(expr: Any, labels: Mapping[str, str], where: str) -> bool:
+    if not isinstance(expr, dict) or not isinstance(expr.get("key"), str):
+        raise PodShapeError(f"{where} must be an object with a string key")
+    key, op = expr["key"], expr.get("operator")
+    values = _strings(expr.get("values"), f"{where}.values")
+    present = key in labels
+    if op == "In":
+        return present and labels[key] in values
+    if op == "NotIn":
+        return not present or labels[key] not in values
+    if op == "Exists":
+        return present
+    if op == "DoesNotExist":
+        return not present
+    if op in ("Gt", "Lt") and len(values) == 1:
+        try:
+            have, want = int(labels[key]), int(values[0])
+        except (KeyError, ValueError):
+            return False
+        return have > want if op == "Gt" else have < want
+    raise PodShapeError(f"{where}.operator {op!r} is not one of In, NotIn, Exists, DoesNotExist, Gt, Lt")
+
+
+def _term_matches(term: Any, name: str, labels: Mapping[str, str], where: str) -> bool:
+    if not isinstance(term, dict):
+        raise PodShapeError(f"{where} must be an object")
+    expressions = term.get("matchExpressions") or []
+    fields = term.get("matchFields") or []
+    if not isinstance(expressions, list) or not isinstance(fields, list):
+        raise PodShapeError(f"{where}.matchExpressions and matchFields must be arrays")
+    if not expressions and not fields:
+        return False  # an empty term matches no node (core/v1 NodeSelectorTerm)
+    fields_as_labels = {"metadata.name": name}
+    return all(
+        _expression_matches(e, labels, f"{where}.matchExpressions[{i}]") for i, e in enumerate(expressions)
+    ) and all(_expression_matches(f, fields_as_labels, f"{where}.matchFields[{i}]") for i, f in enumerate(fields))
+
+
+def required_terms(spec: dict[str, Any]) -> list[Any] | None:
+    """The pod's required node-affinity terms (ORed), or None when it has none."""
+    affinity = spec.get("affinity")
+    node_affinity = affinity.get("nodeAffinity") if isinstance(affinity, dict) else None
+    required = (
+        node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution") if isinstance(node_affinity, dict) else None
+    )
+    if required is None:
+        return None
+    where = "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+    if not isinstance(required, dict):
+        raise PodShapeError(f"{where} must be an object, not {type_name(required)}")
+    terms = required.get("nodeSelectorTerms")
+    if not isinstance(terms, list):
+        raise PodShapeError(f"{where}.nodeSelectorTerms must be an array")
+    return terms
+
+
+def _indexed(snapshot: NodeSnapshot, selector: Mapping[str, str] | None, terms: list[Any] | None) -> Iterable[str]:
+    """A superset of the candidates from the label index, so a request does not walk thousands of nodes:
+    the nodes carrying every nodeSelector pair, or, with one required term, its first `In` values."""
+    if selector:
+        sets: list[Collection[str]] = [snapshot.by_label.get((k, v), ()) for k, v in selector.items()]
+        sizes = [len(names) for names in sets]
+        common = set(sets[sizes.index(min(sizes))])  # start from the smallest: a hostname's is one name
+        for names in sets:
+            common.intersection_update(names)
+        return sorted(common)
+    if terms is not None and len(terms) == 1 and isinstance(terms[0], dict):
+        for expr in terms[0].get("matchExpressions") or ():
+            if isinstance(expr, dict) and expr.get("operator") == "In" and isinstance(expr.get("values"), list):
+                found: set[str] = set()
+                for value in expr["values"]:
+                    found.update(snapshot.by_label.get((str(expr.get("key")), str(value)), ()))
+                return sorted(found)
+    return snapshot.nodes
+
+
+def candidate_nodes(view: PodView, snapshot: NodeSnapshot) -> list[str] | None:
+    """The nodes the pod may land on: its nodeName, else those its nodeSelector and required node
+    affinity allow; None when nothing restricts it (every node)."""
+    spec = view.spec
+    node_name = spec.get("nodeName")
+    if isinstance(node_name, str) and node_name:
+        return [node_name]
+    selector = spec.get("nodeSelector")
+    if selector is not None and (
+        not isinstance(selector, dict) or not all(isinstance(v, str) for v in selector.values())
+    ):
+        raise PodShapeError("spec.nodeSelector must be an object of strings")
+    terms = required_terms(spec)
+    if not selector and terms is None:
+        return None
+    where = "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms"
+    if selector and terms is None:
+        return list(_indexed(snapshot, selector, None))  # the index answers a nodeSelector exactly
+    chosen = []
+    nodes = snapshot.nodes
+    for name in _indexed(snapshot, selector, terms):
+        labels = nodes[name].labels
+        if selector and any(labels.get(k) != v for k, v in selector.items()):
+            continue
+        if terms is not None and not any(_term_matches(t, name, labels, f"{where}[{i}]") for i, t in enumerate(terms)):
+            continue
+        chosen.append(name)
+    return chosen
