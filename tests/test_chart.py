@@ -338,7 +338,7 @@ def test_lint_has_no_errors(variant: str) -> None:
     assert errors == []
 
 
-def test_the_readme_values_table_is_generated_from_values_yaml() -> None:
+def test_the_values_table_is_generated_from_values_yaml() -> None:
     assert values_table.current() == values_table.table(), "run: python -m tests.values_table"
 
 
@@ -538,3 +538,9 @@ def test_one_version_everywhere() -> None:
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert {image.rsplit(":", 1)[1] for image in values["imagePuller"]["pullerImages"].values()} == {__version__}
     assert build_settings({}).image_puller.puller_images.docker.endswith(f":{__version__}")
+
+
+def test_the_configuration_reference_is_generated_from_the_settings_model() -> None:
+    from tests import config_reference
+
+    assert config_reference.current() == config_reference.table(), "run: python -m tests.config_reference"

@@ -1,5 +1,5 @@
-"""The README's chart values table, generated from values.yaml and its `# --` comments, so the two cannot
-disagree. `python -m tests.values_table` rewrites the table; a test checks it is current."""
+"""The chart values table in docs/operations.md, generated from values.yaml and its `# --` comments, so the
+two cannot disagree. `python -m tests.values_table` rewrites the table; a test checks it is current."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import yaml
 
 ROOT = Path(__file__).parent.parent
 VALUES = ROOT / "deploy" / "helm" / "copilot-webhook" / "values.yaml"
-README = ROOT / "README.md"
+README = ROOT / "docs" / "operations.md"
 MARK = "<!-- values table -->"
 LEAF_MAPPINGS = ("requests", "limits", "labels")  # shown whole, not key by key
 

@@ -32,19 +32,29 @@ PtraceTarget = Literal["primary", "sidecar", "all"]
 
 class _Section(BaseModel):
     model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True, validate_default=True
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        frozen=True,
+        validate_default=True,
+        use_attribute_docstrings=True,  # the docstring under a field is its description (docs/configuration.md)
     )
 
 
 class PtraceSettings(_Section):
     mode: PtraceMode = "add"
+    """add (what Flyte <= 1.15 expects), drop (the opt-out for hardened clusters), or keep."""
     target: PtraceTarget = "primary"
+    """Which containers of a legacy copilot pod get SYS_PTRACE in add mode; sidecar: the watcher alone."""
     allow_pod_override: bool = False
+    """Honour a pod's copilot-webhook.io/ptrace annotation even when it grants more than ptrace.mode."""
 
 
 class CopilotSettings(_Section):
     name_prefix: str = Field(default="flyte-copilot-", min_length=1)
+    """Name prefix of Flyte's copilot containers."""
     commands: tuple[str, ...] = ("/bin/flyte-copilot",)
+    """A copilot container's command[0] is one of these ..."""
     # Flyte 2 ships the copilot in its single-binary image (flytek8s/config/config.go@v2.0.43 L38-44).
     image_patterns: tuple[str, ...] = (
         "*/flyteorg/flytecopilot:*",
@@ -52,31 +62,44 @@ class CopilotSettings(_Section):
         "*/flyteorg/flyte-binary-v2:*",
         "*/flyteorg/flyte-binary-v2@*",
     )
+    """... or its image matches one of these globs."""
 
 
 class ServerSettings(_Section):
     host: str = "0.0.0.0"  # noqa: S104 - a webhook in a pod must listen on the pod IP
+    """Address to listen on."""
     port: int = Field(default=8443, ge=1, le=65535)
+    """HTTPS port."""
     tls_cert: str = "certs/dev/tls.crt"
+    """Serving certificate (PEM), reloaded when the file changes."""
     tls_key: str = "certs/dev/tls.key"
+    """Its private key (PEM)."""
     client_ca: str | None = None
+    """Require client certificates signed by this CA (PEM)."""
     tls_min_version: Literal["1.2", "1.3"] = "1.2"
+    """Oldest TLS version accepted."""
     # The API server refuses request bodies over 3 MiB after etcd's 1.5 MiB object limit is
     # expanded by JSON encoding; controller-runtime settles on 7 MiB to leave room for both
     # object and oldObject. We follow it.
     max_body_bytes: int = Field(default=7 * 1024 * 1024, ge=1024)
+    """Largest admission review body (413 beyond)."""
     deadline_seconds: float = Field(default=2.0, gt=0, le=30)
+    """A request body must arrive within this (408); below the webhook's timeoutSeconds."""
     # A connection that sends no request for this long is closed: before its first request as well as
     # between requests (the API server reopens one in a handshake).
     idle_timeout_seconds: float = Field(default=5.0, gt=0, le=300)
+    """Close a connection that sends no request for this long (before its first one too)."""
     # The API servers of a large control plane hold tens of connections each; an idle TLS connection
     # costs about 42 KB, so 1,024 of them stay well inside the chart's memory limit.
     max_connections: int = Field(default=1024, ge=1, le=65536)
+    """Open connections at most; more are closed on arrival."""
     # After SIGTERM: answer for this long with readyz 503 and `Connection: close`, then stop accepting.
     drain_seconds: float = Field(default=2.0, ge=0, le=60)
+    """After SIGTERM: keep answering (readyz 503, Connection: close) this long before refusing connections."""
     # GET /metrics over plain HTTP on a port of its own (0: off), so a Prometheus scrape needs no client TLS;
     # nothing else is served there.
     metrics_port: int = Field(default=0, ge=0, le=65535)
+    """GET /metrics over plain HTTP on this port (0: off)."""
 
     @field_validator("tls_min_version", mode="before")
     @classmethod
@@ -87,12 +110,16 @@ class ServerSettings(_Section):
 
 class PreviewSettings(_Section):
     enabled: bool = True
+    """Serve POST /preview (side-effect free)."""
     # Previews run in worker processes beside admission, one at a time by default; a larger body than
     # this is refused before it is read (1 MiB of YAML takes a few seconds to parse, plan and render),
     # and a preview still running after timeoutSeconds is stopped.
     max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
+    """Largest preview body."""
     concurrency: int = Field(default=1, ge=1, le=8)
+    """Previews running at once, each in its own worker process; more get 503 with Retry-After."""
     timeout_seconds: float = Field(default=10.0, gt=0, le=120)
+    """A preview still running after this long is stopped (503)."""
 
 
 Flavour = Literal["docker", "containerd", "cri-o"]
@@ -166,22 +193,34 @@ class RegistrySettings(_Section):
 
 class ImagePullerSettings(_Section):
     enabled: bool = True
+    """Inject the image-puller init container (false: the opt-out)."""
     scope: Literal["copilot", "all"] = "copilot"
+    """copilot: copilot pods only; all: every pod the webhook sees."""
     images: tuple[str, ...] = ("*",)
+    """Globs of images to pre-pull ..."""
     exclude: tuple[str, ...] = ()
+    """... and globs never to pre-pull."""
     puller_images: PullerImages = PullerImages()
     runtime: Literal["auto", "docker", "containerd", "cri-o"] = "auto"
+    """auto: from each candidate node's containerRuntimeVersion."""
     default_runtime: Flavour = "containerd"
+    """The runtime when nothing is known of the nodes."""
     sockets: Sockets = Sockets()
     heterogeneous: Literal["skip", "pin"] = "skip"
+    """When candidate nodes disagree: skip (no puller) or pin (node affinity on runtimeLabel)."""
     runtime_label: str = Field(default="copilot-webhook.io/container-runtime", min_length=1, max_length=316)
+    """Node label the labeller keeps and pin mode selects on."""
     labeller: bool = False
+    """Keep runtimeLabel true on every node from inside the server (needs patch on nodes)."""
     timeout_seconds: int = Field(default=300, ge=1, le=3600)
+    """The puller's own deadline."""
     failure_policy: Literal["Ignore", "Fail"] = "Ignore"
+    """The puller's exit on failure: Ignore (the kubelet pulls as usual) or Fail."""
     resources: Resources = Resources()
     # host[:port] -> how the puller reaches it from inside the pod (containerd nodes; docker and CRI-O
     # nodes pull through the runtime, which has no pod-network path).
     registries: dict[str, RegistrySettings] = Field(default_factory=dict)
+    """Registries only the pod network reaches: host[:port] -> {ca, plainHttp, skipVerify}."""
 
     @field_validator("registries")
     @classmethod
@@ -194,7 +233,9 @@ class ImagePullerSettings(_Section):
 
 class ClusterSettings(_Section):
     enabled: Literal["auto", "true", "false"] = "auto"
+    """auto: the service account or a kubeconfig when present; true: required; false: never."""
     kubeconfig: str | None = None
+    """A kubeconfig file (default: $KUBECONFIG, then ~/.kube/config)."""
 
     @field_validator("enabled", mode="before")
     @classmethod
@@ -204,7 +245,9 @@ class ClusterSettings(_Section):
 
 class Settings(_Section):
     mode: Literal["enforce", "shadow"] = "enforce"
+    """enforce, or shadow: compute and report everything, patch nothing."""
     failure_policy: Literal["Ignore", "Fail"] = "Ignore"
+    """When a review cannot be decided: Ignore (admit, warn) or Fail (deny, naming the cause)."""
     ptrace: PtraceSettings = PtraceSettings()
     copilot: CopilotSettings = CopilotSettings()
     server: ServerSettings = ServerSettings()
