@@ -15,10 +15,11 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 COPY . /src
 # The puller's environment holds the package without its server dependencies, and grpcio (the `puller`
 # extra of pyproject.toml): the puller imports the standard library and grpcio only.
+# Every version is the one requirements/images.lock pins.
 RUN python3 -m venv /opt/venv && python3 -m venv /opt/puller \
- && /opt/venv/bin/pip install ${PIP_INSTALL_OPTIONS} /src \
+ && /opt/venv/bin/pip install ${PIP_INSTALL_OPTIONS} -c /src/requirements/images.lock /src \
  && /opt/puller/bin/pip install ${PIP_INSTALL_OPTIONS} --no-deps /src \
- && /opt/puller/bin/pip install ${PIP_INSTALL_OPTIONS} "grpcio>=1.60"
+ && /opt/puller/bin/pip install ${PIP_INSTALL_OPTIONS} -c /src/requirements/images.lock "grpcio>=1.60"
 
 # containerd's own client, from Debian's package, for registries only the pod network reaches.
 FROM ${BASE} AS ctr

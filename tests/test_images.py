@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -28,7 +29,8 @@ from tests.server_process import client_context, free_port
 from tests.support import apply, decoded_patch, eventually, pod, review
 
 ROOT = Path(__file__).parent.parent
-CONTEXT_FILES = ("Dockerfile", ".dockerignore", "pyproject.toml", "README.md", "webhook", "certs")
+LOCK = ROOT / "requirements" / "images.lock"
+CONTEXT_FILES = ("Dockerfile", ".dockerignore", "pyproject.toml", "README.md", "requirements", "webhook", "certs")
 
 
 @dataclass
@@ -71,7 +73,7 @@ def _context(work: Path) -> Path:
             shutil.copy(source, context / name)
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--quiet", "--wheel-dir", str(context / "wheels"),
-         f"{ROOT}[puller]", "setuptools>=69"],
+         "-c", str(ROOT / "requirements" / "images.lock"), f"{ROOT}[puller]", "setuptools>=69"],
         check=True, capture_output=True, timeout=600,
     )  # fmt: skip
     return context
@@ -205,3 +207,18 @@ def test_the_puller_image_carries_only_what_it_runs(images: Images) -> None:
     listed = images.run("run", "--rm", "--entrypoint", "/opt/puller/bin/pip", images.puller, "list", "--format=json")
     installed = {p["name"].lower() for p in json.loads(listed.stdout)}
     assert installed <= {"copilot-webhook", "grpcio", "typing_extensions", "pip", "setuptools"}, installed
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def test_the_images_hold_the_locked_versions(images: Images) -> None:
+    locked = {_norm(n): v for n, v in (line.split("==") for line in LOCK.read_text().split() if "==" in line)}
+    for image, pip in ((images.webhook, "/opt/venv/bin/pip"), (images.puller, "/opt/puller/bin/pip")):
+        listed = images.run("run", "--rm", "--entrypoint", pip, image, "list", "--format=json")
+        installed = {_norm(p["name"]): p["version"] for p in json.loads(listed.stdout)}
+        pinned = {name: version for name, version in installed.items() if name in locked}
+        assert pinned == {name: locked[name] for name in pinned}, image
+        unlisted = set(installed) - set(locked) - {"copilot-webhook", "pip", "setuptools"}
+        assert not unlisted, f"{image} installs packages the lock does not pin: {unlisted}"
