@@ -11,7 +11,8 @@ import pytest
 
 from tests.fake_apiserver import FakeAPIServer, namespace, node
 from tests.support import eventually
-from webhook.cluster.access import ClusterAccessError, ClusterView, api_client
+from webhook.cluster.access import ClusterView, api_client
+from webhook.cluster.errors import ClusterAccessError
 from webhook.cluster.nodes import project_node
 from webhook.config import ClusterSettings
 

@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from webhook.config import ConfigError, build_settings, dump_settings, load_settings
+from webhook.config import build_settings, dump_settings, load_settings
+from webhook.errors import ConfigError
 
 
 def test_defaults_follow_the_spec() -> None:

@@ -8,9 +8,10 @@ import pytest
 
 from webhook.config import CopilotSettings, build_settings
 from webhook.mutation.copilot import copilot_role, find_copilot, is_ptrace
+from webhook.mutation.errors import PodShapeError
 from webhook.mutation.facts import Facts, RequestFacts, cluster_facts
 from webhook.mutation.plan import PTRACE, plan
-from webhook.mutation.pod import PodShapeError, read_pod
+from webhook.mutation.pod import read_pod
 
 FLYTE_IMAGE = "cr.flyte.org/flyteorg/flytecopilot:v1.15.0"
 

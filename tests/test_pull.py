@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from webhook.pull.clients import ERROR_LIMIT, PullError
+from webhook.errors import InvalidReference
+from webhook.pull.errors import ERROR_LIMIT, PullError
 from webhook.pull.keyring import Keyring
-from webhook.references import InvalidReference, normalise, parse
+from webhook.references import normalise, parse
 
 
 @pytest.mark.parametrize(

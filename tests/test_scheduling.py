@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
+from webhook.mutation.errors import PodShapeError
 from webhook.mutation.facts import NodeFacts, node_snapshot
-from webhook.mutation.pod import PodShapeError, read_pod
+from webhook.mutation.pod import read_pod
 from webhook.mutation.scheduling import candidate_nodes
 
 NODES = node_snapshot(

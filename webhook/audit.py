@@ -15,9 +15,10 @@ from typing import Any
 
 from webhook.config import Settings
 from webhook.mutation.copilot import is_ptrace
+from webhook.mutation.errors import PodShapeError
 from webhook.mutation.facts import Facts, RequestFacts, cluster_facts
 from webhook.mutation.plan import PTRACE, plan
-from webhook.mutation.pod import CONTAINER_LISTS, PodShapeError
+from webhook.mutation.pod import CONTAINER_LISTS
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,9 @@ from typing import Any
 
 import yaml
 
-from webhook.config import ConfigError, Settings, dump_settings, load_settings
+from webhook.config import Settings, dump_settings, load_settings
+from webhook.errors import ConfigError, RequestError
 from webhook.preview import OUTPUTS, RUNTIMES, preview
-from webhook.review import RequestError
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 EXIT_CHANGES = 3  # audit: some running pods would change (kubectl diff's convention, moved off 1)
@@ -157,7 +157,8 @@ def _preview(args: argparse.Namespace, settings: Settings) -> int:
 def _label_nodes(args: argparse.Namespace, settings: Settings) -> int:
     from kubernetes import client
 
-    from webhook.cluster.access import ClusterAccessError, api_client
+    from webhook.cluster.access import api_client
+    from webhook.cluster.errors import ClusterAccessError
     from webhook.cluster.labeller import apply_changes, label_changes
     from webhook.cluster.nodes import NodeCache
 
@@ -197,7 +198,8 @@ def _audit(args: argparse.Namespace, settings: Settings) -> int:
     from kubernetes import client
 
     from webhook.audit import audit, summary, table
-    from webhook.cluster.access import ClusterAccessError, api_client
+    from webhook.cluster.access import api_client
+    from webhook.cluster.errors import ClusterAccessError
     from webhook.cluster.informer import list_pages
     from webhook.cluster.namespaces import NamespaceCache
 
@@ -234,8 +236,8 @@ def _audit(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _certs_ensure(args: argparse.Namespace) -> int:
-    from webhook.cluster.access import ClusterAccessError
-    from webhook.cluster.certificates import CertificateManager, EnsureError, own_namespace
+    from webhook.cluster.certificates import CertificateManager, own_namespace
+    from webhook.cluster.errors import ClusterAccessError, EnsureError
 
     try:
         settings = load_settings(args.config)
@@ -264,7 +266,8 @@ def _certs_ensure(args: argparse.Namespace) -> int:
 
 def _required_api(settings: Settings) -> Any:
     """The cluster's API client, or ClusterAccessError: these commands do nothing without one."""
-    from webhook.cluster.access import ClusterAccessError, api_client
+    from webhook.cluster.access import api_client
+    from webhook.cluster.errors import ClusterAccessError
 
     api = api_client(settings.cluster)
     if api is None:

@@ -21,7 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic.alias_generators import to_camel
 
 from webhook import __version__
-from webhook.documents import DocumentError, decode_text, load_yaml_documents
+from webhook.documents import decode_text, load_yaml_documents
+from webhook.errors import ConfigError, DocumentError
 
 ENV_PREFIX = "COPILOT_WEBHOOK_"
 CONFIG_ENV = "COPILOT_WEBHOOK_CONFIG"
@@ -257,10 +258,6 @@ class Settings(_Section):
 
 
 _DEFAULTS: dict[str, Any] = Settings().model_dump(by_alias=True)
-
-
-class ConfigError(ValueError):
-    """The configuration cannot be used; the message names the key, the value and what is allowed."""
 
 
 def _describe(error: Mapping[str, Any]) -> str:

@@ -16,15 +16,13 @@ import yaml
 from yaml.constructor import ConstructorError
 from yaml.nodes import MappingNode, Node, ScalarNode
 
+from webhook.errors import DocumentError
+
 # The deepest real pod path (affinity ... matchExpressions[].values[]) is about 10 levels; a CronJob in a
 # List in a multi-document body adds 6. 64 leaves room for custom resources in annotations' values
 # (strings anyway) and stays far below both Python's recursion limit and orjson's serialiser (254).
 MAX_DEPTH = 64
 INT64 = (-(2**63), 2**63 - 1)
-
-
-class DocumentError(ValueError):
-    """The bytes are not a document we accept; the message says what is wrong and where."""
 
 
 class _JSONLoader(yaml.SafeLoader):

@@ -18,13 +18,13 @@ import orjson
 import yaml
 
 from webhook.config import Settings
-from webhook.documents import DocumentError, decode_text, load_json_document, load_yaml_documents
+from webhook.documents import decode_text, load_json_document, load_yaml_documents
+from webhook.errors import DocumentError, RequestError
 from webhook.mutation.facts import Facts, RequestFacts
 from webhook.mutation.plan import KINDS, Plan
 from webhook.mutation.pod import type_name
 from webhook.review import (
     NamespaceFacts,
-    RequestError,
     decide,
     no_cluster,
     plan_or_undecided,

@@ -28,8 +28,9 @@ from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from webhook.config import Settings
+from webhook.errors import PreviewFailed, RequestError
 from webhook.mutation.facts import NO_CLUSTER, NO_FACTS, ClusterFacts, ExportedFacts, NodeFacts, NodeSnapshot
-from webhook.review import NamespaceFacts, RequestError
+from webhook.review import NamespaceFacts
 
 log = logging.getLogger(__name__)
 
@@ -53,12 +54,6 @@ def answer(snapshot: NodeSnapshot | None, kind: str, arg: Any) -> Any:
     if kind == "nodes":
         return {name: snapshot.nodes.get(name) for name in arg}
     return list(snapshot.nodes)
-
-
-class PreviewFailed(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status, self.message = status, message
 
 
 class _Job(NamedTuple):

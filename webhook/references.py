@@ -13,6 +13,8 @@ import functools
 import re
 from typing import NamedTuple
 
+from webhook.errors import InvalidReference
+
 DOCKER_HUB = "docker.io"
 HUB_ALIASES = frozenset({"docker.io", "index.docker.io", "registry-1.docker.io"})
 # distribution/reference's grammar, reduced to what decides validity: lowercase path components,
@@ -24,10 +26,6 @@ _REFERENCE = re.compile(
     rf"^(?:(?P<domain>{_DOMAIN})/)?(?P<path>{_COMPONENT}(?:/{_COMPONENT})*)"
     r"(?::(?P<tag>[\w][\w.-]{0,127}))?(?:@(?P<digest>[a-z0-9]+(?:[.+_-][a-z0-9]+)*:[0-9a-fA-F]{32,}))?$"
 )
-
-
-class InvalidReference(ValueError):
-    pass
 
 
 class Reference(NamedTuple):

@@ -16,9 +16,11 @@ from typing import Any
 import orjson
 
 from webhook.config import Settings
+from webhook.errors import RequestError
+from webhook.mutation.errors import PodShapeError
 from webhook.mutation.facts import NO_CLUSTER, ClusterFacts, Facts, RequestFacts
 from webhook.mutation.plan import KINDS, Plan, plan
-from webhook.mutation.pod import PodShapeError, type_name
+from webhook.mutation.pod import type_name
 
 log = logging.getLogger(__name__)
 
@@ -37,15 +39,6 @@ NamespaceFacts = Callable[[str], ClusterFacts]
 
 def no_cluster(_namespace: str) -> ClusterFacts:
     return NO_CLUSTER
-
-
-class RequestError(Exception):
-    """A request that is not a usable AdmissionReview (or Pod, for /preview): answered with a 4xx."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
 
 
 def load_json(body: bytes) -> Any:

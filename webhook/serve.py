@@ -23,11 +23,13 @@ from typing import Any
 
 import uvicorn
 
-from webhook.cluster.access import ClusterAccessError, ClusterView, api_client
+from webhook.cluster.access import ClusterView, api_client
 from webhook.cluster.certificates import CertificateManager, own_namespace
+from webhook.cluster.errors import ClusterAccessError
 from webhook.cluster.keeper import AdmissionKeeper
-from webhook.config import ConfigError, Settings, load_settings
+from webhook.config import Settings, load_settings
 from webhook.connections import Limits, protocol_class
+from webhook.errors import ConfigError
 from webhook.metrics import Metrics
 from webhook.previewer import no_cluster_export
 from webhook.review import NamespaceFacts, no_cluster
@@ -293,7 +295,7 @@ def _keeper(
             state = manager.ensure(out)
             metrics.renewal("renewed" if state.changed else "current")
             bundle = state.bundle
-    except Exception as exc:
-        log.error("cannot ensure the serving certificate in %s: %s", secret or webhook_config, exc)
+    except Exception:
+        log.exception("cannot ensure the serving certificate in %s", secret or webhook_config)
         return None
     return AdmissionKeeper(manager, metrics, check_address, threading.Event(), out, bundle)

@@ -20,13 +20,13 @@ from urllib.parse import parse_qsl
 import orjson
 
 from webhook.config import Settings
+from webhook.errors import ClientGone, PreviewFailed, RequestError
 from webhook.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from webhook.metrics import Metrics
 from webhook.mutation.plan import KINDS, PTRACE, PULLER
-from webhook.previewer import FactsExport, Previewer, PreviewFailed, no_cluster_export
+from webhook.previewer import FactsExport, Previewer, no_cluster_export
 from webhook.review import (
     NamespaceFacts,
-    RequestError,
     decide,
     envelope,
     load_json,
@@ -110,10 +110,6 @@ class BodyDeadlines:
             asyncio.get_running_loop().call_later(self.TICK, self._check)
         else:
             self._armed = False
-
-
-class ClientGone(Exception):
-    pass
 
 
 class Answer:

@@ -9,6 +9,7 @@ from typing import Any
 
 from kubernetes import client, config
 
+from webhook.cluster.errors import ClusterAccessError
 from webhook.cluster.labeller import Labeller
 from webhook.cluster.namespaces import NamespaceCache
 from webhook.cluster.nodes import NodeCache
@@ -18,10 +19,6 @@ from webhook.mutation.facts import ClusterFacts, ExportedFacts, NodeSnapshot, No
 log = logging.getLogger(__name__)
 
 SERVICE_ACCOUNT_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
-
-
-class ClusterAccessError(RuntimeError):
-    pass
 
 
 def api_client(settings: ClusterSettings) -> client.ApiClient | None:

@@ -31,6 +31,7 @@ from kubernetes.client.exceptions import ApiException
 
 from certs.authority import service_dns_names, write_atomic
 from certs.rotation import BUNDLE, TLS_CERT, TLS_KEY, State, next_state
+from webhook.cluster.errors import EnsureError
 
 log = logging.getLogger(__name__)
 
@@ -38,10 +39,6 @@ NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 JSON_PATCH = "application/json-patch+json"
 POLICY_ANNOTATION = "copilot-webhook.io/failure-policies"
 POLICIES = ("Ignore", "Fail")
-
-
-class EnsureError(RuntimeError):
-    pass
 
 
 def own_namespace() -> str | None:

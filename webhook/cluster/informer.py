@@ -32,6 +32,8 @@ from typing import Any, Generic, TypeVar
 import orjson
 from kubernetes.client.exceptions import ApiException
 
+from webhook.cluster.errors import Gone
+
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -81,10 +83,6 @@ def _malloc_trim() -> Callable[[], object]:
 
 
 release_free_memory = _malloc_trim()
-
-
-class Gone(Exception):
-    """The resourceVersion we hold has been compacted away: relist."""
 
 
 class Informer(Generic[T]):
@@ -345,12 +343,15 @@ class Informer(Generic[T]):
                 self._sleep(failures, f"API error {exc.status}: {exc.reason}")
             except Exception as exc:  # a dropped connection, a timeout, a bad page
                 failures += 1
-                self._sleep(failures, f"{type(exc).__name__}: {exc}")
+                self._sleep(failures, f"{type(exc).__name__}: {exc}", exc)
 
-    def _sleep(self, failures: int, why: str) -> None:
+    def _sleep(self, failures: int, why: str, error: Exception | None = None) -> None:
+        """Back off; an unexpected error (not the API's own answer) is logged with its traceback, once per
+        run of failures."""
         low, high = self._backoff
         delay = min(high, low * 2 ** (failures - 1)) * random.uniform(0.8, 1.2)  # noqa: S311 - jitter, not security
-        log.warning("%s cache: %s; retrying in %.1f s", self.name, why, delay)
+        trace = error if error is not None and failures == 1 else None
+        log.warning("%s cache: %s; retrying in %.1f s", self.name, why, delay, exc_info=trace)
         self.stop.wait(delay)
 
     def start(self) -> threading.Thread:

@@ -111,6 +111,7 @@ class AdmissionKeeper:
         try:
             bundle = self.manager.published(self.manager.read_webhook_config())
         except Exception as exc:
+            log.warning("cannot read %s for the self-check", self.manager.webhook_config, exc_info=True)
             why: str | None = f"cannot read the webhook configuration: {exc}"
         else:
             why = (

@@ -13,8 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from webhook.config import CopilotSettings, PtraceMode, PtraceSettings
+from webhook.mutation.errors import PodShapeError, Undecidable
 from webhook.mutation.globs import glob_matcher
-from webhook.mutation.pod import Container, PodShapeError, PodView
+from webhook.mutation.pod import Container, PodView
 from webhook.mutation.pointer import Operation, add, remove
 
 SIDECAR_ROLES = frozenset({"uploader", "sidecar"})
@@ -78,10 +79,6 @@ def is_ptrace(capability: str) -> bool:
     """The kubelet and the runtimes upper-case names and add a missing CAP_ prefix before comparing."""
     name = capability.upper()
     return name == CAPABILITY or name == "CAP_" + CAPABILITY
-
-
-class Undecidable(Exception):
-    """A well-formed pod for which no safe decision exists; handled per failurePolicy."""
 
 
 @dataclass(slots=True)

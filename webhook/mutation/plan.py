@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from webhook.config import Settings
-from webhook.mutation.copilot import Copilot, PtraceResult, Undecidable, find_copilot, flyte_owned, plan_ptrace
+from webhook.mutation.copilot import Copilot, PtraceResult, find_copilot, flyte_owned, plan_ptrace
+from webhook.mutation.errors import Undecidable
 from webhook.mutation.facts import INJECT_LABEL, MODE_LABEL, Facts
 from webhook.mutation.pod import PodView, read_pod
 from webhook.mutation.pointer import Operation, add, join

@@ -9,11 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from webhook.mutation.errors import PodShapeError
+
 CONTAINER_LISTS = ("initContainers", "containers", "ephemeralContainers")
-
-
-class PodShapeError(ValueError):
-    """The object is not a Pod we can read; the message names the field and what was expected."""
 
 
 _TYPE_NAMES: dict[type, str] = {

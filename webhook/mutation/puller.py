@@ -14,14 +14,15 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from webhook.config import FLAVOURS, ImagePullerSettings, PullerImages
-from webhook.mutation.copilot import Undecidable
+from webhook.errors import InvalidReference
+from webhook.mutation.errors import PodShapeError, Undecidable
 from webhook.mutation.facts import Facts
 from webhook.mutation.globs import glob_matcher
-from webhook.mutation.pod import PodShapeError, PodView
+from webhook.mutation.pod import PodView
 from webhook.mutation.pointer import Operation, add, join
 from webhook.mutation.runtime import Runtime, decide_runtime
 from webhook.mutation.scheduling import required_terms
-from webhook.references import InvalidReference, Reference, parse
+from webhook.references import Reference, parse
 
 S = TypeVar("S")
 R = TypeVar("R")

@@ -7,8 +7,9 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
+from webhook.mutation.errors import PodShapeError
 from webhook.mutation.facts import NodeSnapshot
-from webhook.mutation.pod import PodShapeError, PodView, type_name
+from webhook.mutation.pod import PodView, type_name
 
 
 def _strings(value: Any, where: str) -> list[str]:

@@ -25,9 +25,11 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from types import FrameType
 
-from webhook.pull.clients import Cancelled, Client, CRIClient, DockerClient, NativeClient, PullError
+from webhook.errors import InvalidReference
+from webhook.pull.clients import Client, CRIClient, DockerClient, NativeClient
+from webhook.pull.errors import Cancelled, PullError
 from webhook.pull.keyring import Credential, Keyring
-from webhook.references import InvalidReference, parse
+from webhook.references import parse
 
 RESULTS = ("present", "pulled", "failed", "cancelled")
 
