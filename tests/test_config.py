@@ -95,3 +95,19 @@ def test_dump_uses_helm_value_keys() -> None:
     assert "failurePolicy" in dumped
     assert dumped["server"]["maxBodyBytes"] == 7340032
     assert build_settings(dumped) == build_settings({}), "the dump must read back as the same settings"
+
+
+def test_values_derived_from_settings_are_computed_once_and_not_pickled() -> None:
+    """Matchers and the puller template are cached on the (immutable) settings object; a preview worker
+    receives the settings pickled without them and derives its own."""
+    import pickle
+
+    settings = build_settings({"imagePuller": {"exclude": []}})
+    puller = settings.image_puller
+    assert puller.container_template is puller.container_template
+    assert puller.unwanted("anything") is None
+    assert settings.copilot.image_matcher("cr.flyte.org/flyteorg/flytecopilot:v1.15.0")
+    copy = pickle.loads(pickle.dumps(settings))
+    assert copy == settings
+    assert "container_template" not in copy.image_puller.__dict__
+    assert copy.image_puller.container_template == puller.container_template

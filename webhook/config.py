@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
@@ -22,7 +23,9 @@ from pydantic.alias_generators import to_camel
 
 from webhook import __version__
 from webhook.documents import decode_text, load_yaml_documents
-from webhook.errors import ConfigError, DocumentError
+from webhook.errors import ConfigError, DocumentError, InvalidReference
+from webhook.mutation.globs import glob_matcher
+from webhook.references import parse
 
 ENV_PREFIX = "COPILOT_WEBHOOK_"
 CONFIG_ENV = "COPILOT_WEBHOOK_CONFIG"
@@ -41,6 +44,13 @@ class _Section(BaseModel):
         use_attribute_docstrings=True,  # the docstring under a field is its description (docs/configuration.md)
     )
 
+    def __getstate__(self) -> dict[Any, Any]:
+        """Pickled (for a preview worker) without the values derived and cached on it: they are rebuilt
+        there when read."""
+        state = super().__getstate__()
+        state["__dict__"] = {k: v for k, v in state["__dict__"].items() if k in type(self).model_fields}
+        return state
+
 
 class PtraceSettings(_Section):
     mode: PtraceMode = "add"
@@ -52,6 +62,11 @@ class PtraceSettings(_Section):
 
 
 class CopilotSettings(_Section):
+    @cached_property
+    def image_matcher(self) -> Callable[[str], re.Match[str] | None]:
+        """imagePatterns compiled, once per settings (settings are immutable and replaced whole on reload)."""
+        return glob_matcher(self.image_patterns)
+
     name_prefix: str = Field(default="flyte-copilot-", min_length=1)
     """Name prefix of Flyte's copilot containers."""
     commands: tuple[str, ...] = ("/bin/flyte-copilot",)
@@ -222,6 +237,33 @@ class ImagePullerSettings(_Section):
     # nodes pull through the runtime, which has no pod-network path).
     registries: dict[str, RegistrySettings] = Field(default_factory=dict)
     """Registries only the pod network reaches: host[:port] -> {ca, plainHttp, skipVerify}."""
+
+    # Values derived from the settings alone, computed once per settings object (a reload makes a new one).
+    @cached_property
+    def wanted(self) -> Callable[[str], re.Match[str] | None]:
+        return glob_matcher(self.images)
+
+    @cached_property
+    def unwanted(self) -> Callable[[str], re.Match[str] | None]:
+        return glob_matcher(self.exclude)
+
+    @cached_property
+    def own_images(self) -> frozenset[str]:
+        """The puller images themselves, normalised: never pre-pulled."""
+        own = set()
+        for flavour in FLAVOURS:
+            try:
+                own.add(str(parse(self.puller_images.of(flavour))))
+            except InvalidReference:
+                own.add(self.puller_images.of(flavour))
+        return frozenset(own)
+
+    @cached_property
+    def container_template(self) -> dict[str, Any]:
+        """The parts of the puller container that depend on these settings alone (mutation/puller.py)."""
+        from webhook.mutation.puller import container_template
+
+        return container_template(self)
 
     @field_validator("registries")
     @classmethod

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 
 from webhook.config import CopilotSettings, PtraceMode, PtraceSettings
 from webhook.mutation.errors import PodShapeError, Undecidable
-from webhook.mutation.globs import glob_matcher
 from webhook.mutation.pod import Container, PodView
 from webhook.mutation.pointer import Operation, add, remove
 
@@ -38,7 +37,7 @@ def copilot_role(container: Container, settings: CopilotSettings) -> str | None:
     if isinstance(command, list) and command and command[0] in settings.commands:
         return role
     image = container.body.get("image")
-    if isinstance(image, str) and glob_matcher(settings.image_patterns)(image):
+    if isinstance(image, str) and settings.image_matcher(image):
         return role
     return None
 

@@ -9,15 +9,13 @@ escalation, no capabilities, a read-only root filesystem.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from webhook.config import FLAVOURS, ImagePullerSettings, PullerImages
+from webhook.config import ImagePullerSettings
 from webhook.errors import InvalidReference
 from webhook.mutation.errors import PodShapeError, Undecidable
 from webhook.mutation.facts import Facts
-from webhook.mutation.globs import glob_matcher
 from webhook.mutation.pod import PodView
 from webhook.mutation.pointer import Operation, add, join
 from webhook.mutation.runtime import Runtime, decide_runtime
@@ -33,33 +31,6 @@ SECRETS_PATH = "/var/run/copilot-webhook/pull-secrets"
 PULLER_COMMAND = "copilot-webhook-pull"
 
 
-def _per_settings(fn: Callable[[S], R]) -> Callable[[S], R]:
-    """Cache a value derived from a settings object by the object's identity: settings are immutable
-    and replaced whole on reload, and hashing a pydantic model costs more than building the value."""
-    cache: dict[int, tuple[S, R]] = {}
-
-    def cached(settings: S) -> R:
-        hit = cache.get(id(settings))
-        if hit is None or hit[0] is not settings:
-            if len(cache) > 16:
-                cache.clear()
-            hit = cache[id(settings)] = (settings, fn(settings))
-        return hit[1]
-
-    return cached
-
-
-@_per_settings
-def _own_images(images: PullerImages) -> frozenset[str]:
-    own = set()
-    for flavour in FLAVOURS:
-        try:
-            own.add(str(parse(images.of(flavour))))
-        except InvalidReference:
-            own.add(images.of(flavour))
-    return frozenset(own)
-
-
 def _kubelet_pulls_anyway(container: dict[str, Any], reference: Reference) -> bool:
     """`Always`, or no policy on a `:latest` (or untagged) reference without a digest, which the API server
     defaults to Always: the kubelet pulls these whatever is present, so pre-pulling gains nothing."""
@@ -73,8 +44,7 @@ def select_images(view: PodView, settings: ImagePullerSettings) -> list[str]:
     """Images of the pod's containers and init containers that match `images` and not `exclude`, without
     the puller's own, those the kubelet never pulls (`Never`) or pulls anyway (`Always`), normalised the
     way the runtimes normalise them and de-duplicated in order."""
-    wanted, unwanted = glob_matcher(settings.images), glob_matcher(settings.exclude)
-    own = _own_images(settings.puller_images)
+    wanted, unwanted, own = settings.wanted, settings.unwanted, settings.own_images
     chosen: list[str] = []
     for c in view.containers:
         if c.field == "ephemeralContainers" or c.name == PULLER_NAME:
@@ -115,7 +85,7 @@ def secrets_volume(names: list[str]) -> dict[str, Any]:
 def puller_container(
     runtime: Runtime, images: list[str], settings: ImagePullerSettings, secrets: list[str] | None = None
 ) -> dict[str, Any]:
-    template = _template(settings)
+    template = settings.container_template
     mounts: list[dict[str, Any]] = [{"name": VOLUME_NAME, "mountPath": runtime.socket}]
     args = [f"--runtime={runtime.client}", f"--socket={runtime.socket}"]
     if secrets:
@@ -145,10 +115,10 @@ def puller_container(
     return container
 
 
-@_per_settings
-def _template(settings: ImagePullerSettings) -> dict[str, Any]:
-    """The parts of the puller container that depend on the settings alone, built once per settings.
-    Shared between answers: nothing downstream mutates a planned value."""
+def container_template(settings: ImagePullerSettings) -> dict[str, Any]:
+    """The parts of the puller container that depend on the settings alone, built once per settings
+    (ImagePullerSettings.container_template). Shared between answers: nothing downstream mutates a
+    planned value."""
     resources = {
         k: v
         for k, v in (
