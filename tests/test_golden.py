@@ -54,7 +54,7 @@ def _run(obj: dict[str, Any], context: dict[str, Any]) -> dict[str, Any]:
         namespace, runtime=context.get("request", {}).get("runtime"), node=context.get("request", {}).get("node")
     )
     kinds = tuple(context.get("kinds", KINDS))
-    return response("golden", plan(obj, Facts(request, cluster), settings, kinds), settings)
+    return dict(response("golden", plan(obj, Facts(request, cluster), settings, kinds), settings))
 
 
 def _check(path: Path, actual: str) -> None:

@@ -11,7 +11,7 @@ import difflib
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 import jsonpatch
 import orjson
@@ -23,13 +23,14 @@ from webhook.errors import DocumentError, RequestError
 from webhook.mutation.facts import Facts, RequestFacts
 from webhook.mutation.plan import KINDS, Plan
 from webhook.mutation.pod import type_name
+from webhook.mutation.pointer import Operation
 from webhook.review import (
     NamespaceFacts,
     decide,
+    decision,
     no_cluster,
     plan_or_undecided,
     read_review,
-    response,
 )
 
 OUTPUTS = ("json", "yaml", "patch", "diff")
@@ -129,26 +130,53 @@ def _namespace(obj: dict[str, Any], query: Query) -> str:
 
 def _entry(
     kind: str, obj: dict[str, Any], decided: Plan | None, prefix: str, settings: Settings, query: Query
-) -> dict[str, Any]:
-    answer = response("preview", decided, settings)
+) -> PreviewEntry:
+    answer = decision(decided, settings)
     changes = [] if decided is None else decided.changes
-    applied = bool(answer.get("patch"))
-    patch = [dict(c.op, path=prefix + c.op["path"]) for c in changes] if applied else []
+    patch: list[Operation] = [{**c.op, "path": prefix + c.op["path"]} for c in changes] if answer.patch else []
     mutated = jsonpatch.apply_patch(obj, patch) if patch else copy.deepcopy(obj)
     return {
         "kind": kind,
         "name": _name(obj),
-        "allowed": answer["allowed"],
+        "allowed": answer.allowed,
         "patch": patch,
         "object": mutated,
         "changes": [{"op": c.op["op"], "path": prefix + c.op["path"], "reason": c.reason} for c in changes],
-        "warnings": answer.get("warnings", []) + ([answer["status"]["message"]] if "status" in answer else []),
+        "warnings": answer.warnings + ([answer.denial] if answer.denial is not None else []),
         "runtime": _runtime(decided),
         "_before": obj,
     }
 
 
-def _runtime(decided: Plan | None) -> dict[str, Any]:
+class RuntimeAnswer(TypedDict):
+    """Which runtime the puller would speak to, and what decided it."""
+
+    flavour: str | None
+    socket: str | None
+    source: str
+
+
+class ChangeAnswer(TypedDict):
+    op: str
+    path: str
+    reason: str
+
+
+class PreviewEntry(TypedDict):
+    """One object's preview (the JSON answer; `_before` is kept for the diff output, never sent)."""
+
+    kind: str
+    name: str
+    allowed: bool
+    patch: list[Operation]
+    object: dict[str, Any]  # the object as it would be admitted: any JSON object
+    changes: list[ChangeAnswer]
+    warnings: list[str]
+    runtime: RuntimeAnswer
+    _before: dict[str, Any]
+
+
+def _runtime(decided: Plan | None) -> RuntimeAnswer:
     runtime = decided.runtime if decided is not None else None
     if runtime is None:
         note = decided.runtime_note if decided is not None else "not a Pod CREATE"
@@ -156,7 +184,7 @@ def _runtime(decided: Plan | None) -> dict[str, Any]:
     return {"flavour": runtime.flavour, "socket": runtime.socket, "source": runtime.source}
 
 
-def preview_one(where: str, obj: Any, settings: Settings, query: Query, namespaces: NamespaceFacts) -> dict[str, Any]:
+def preview_one(where: str, obj: Any, settings: Settings, query: Query, namespaces: NamespaceFacts) -> PreviewEntry:
     if not isinstance(obj, dict):
         raise RequestError(400, f"{where}: expected a Kubernetes object, got {type_name(obj)}")
     kind = obj.get("kind")
@@ -166,7 +194,7 @@ def preview_one(where: str, obj: Any, settings: Settings, query: Query, namespac
         review = read_review(obj)
         request = review.request
         if query.namespace:
-            request = dict(request, namespace=query.namespace)
+            request = {**request, "namespace": query.namespace}
         pod = request.get("object")
         return _entry(
             "AdmissionReview",
@@ -201,7 +229,7 @@ def _yaml(obj: Any) -> str:
     return yaml.safe_dump(obj, sort_keys=False, default_flow_style=False)
 
 
-def _diff(entry: dict[str, Any]) -> str:
+def _diff(entry: PreviewEntry) -> str:
     label = f"{entry['kind']}/{entry['name']}"
     return "".join(
         difflib.unified_diff(
@@ -213,7 +241,7 @@ def _diff(entry: dict[str, Any]) -> str:
     )
 
 
-def render(entries: list[dict[str, Any]], output: str, as_list: bool) -> tuple[bytes, str]:
+def render(entries: list[PreviewEntry], output: str, as_list: bool) -> tuple[bytes, str]:
     """The answer's bytes and content type for the requested output."""
     if output == "yaml":
         return "---\n".join(_yaml(e["object"]) for e in entries).encode(), "application/yaml"

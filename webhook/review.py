@@ -11,7 +11,7 @@ import base64
 import logging
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, NamedTuple, Required, TypedDict
 
 import orjson
 
@@ -21,6 +21,7 @@ from webhook.mutation.errors import PodShapeError
 from webhook.mutation.facts import NO_CLUSTER, ClusterFacts, Facts, RequestFacts
 from webhook.mutation.plan import KINDS, Plan, plan
 from webhook.mutation.pod import type_name
+from webhook.mutation.pointer import Operation
 
 log = logging.getLogger(__name__)
 
@@ -48,11 +49,25 @@ def load_json(body: bytes) -> Any:
         raise RequestError(400, f"body is not valid JSON: {exc}") from None
 
 
+class AdmissionRequest(TypedDict, total=False):
+    """admission.k8s.io/v1 AdmissionRequest, the fields we read. Only `uid` is checked on arrival; each of
+    the others is checked where it is read (the values are the sender's, so they stay Any)."""
+
+    uid: Required[str]
+    kind: Any  # {group, version, kind}: a Pod CREATE is all we act on
+    resource: Any
+    subResource: Any
+    operation: Any
+    namespace: Any
+    object: Any
+    dryRun: Any
+
+
 @dataclass(slots=True)
 class Review:
     api_version: str
     uid: str
-    request: dict[str, Any]
+    request: AdmissionRequest
 
 
 def read_review(data: Any) -> Review:
@@ -71,10 +86,10 @@ def read_review(data: Any) -> Review:
     uid = request.get("uid")
     if type(uid) is not str or not uid:
         raise RequestError(400, "AdmissionReview.request.uid is required: a non-empty string to echo in the response")
-    return Review(api_version, uid, request)
+    return Review(api_version, uid, request)  # type: ignore[arg-type] # its uid checked just above
 
 
-def is_pod_create(request: dict[str, Any]) -> bool:
+def is_pod_create(request: AdmissionRequest) -> bool:
     kind = request.get("kind")
     return (
         request.get("operation") == "CREATE"
@@ -86,7 +101,7 @@ def is_pod_create(request: dict[str, Any]) -> bool:
 
 
 def request_facts(
-    request: dict[str, Any],
+    request: AdmissionRequest,
     pod: dict[str, Any],
     namespaces: NamespaceFacts,
     runtime: str | None = None,
@@ -101,7 +116,7 @@ def request_facts(
 
 
 def decide(
-    request: dict[str, Any],
+    request: AdmissionRequest,
     settings: Settings,
     namespaces: NamespaceFacts = no_cluster,
     kinds: Collection[str] = KINDS,
@@ -130,29 +145,68 @@ def plan_or_undecided(pod: Any, facts: Facts, settings: Settings, kinds: Collect
         return Plan(undecided=f"internal error ({type(exc).__name__})")
 
 
-def response(uid: str, decided: Plan | None, settings: Settings) -> dict[str, Any]:
-    answer: dict[str, Any] = {"uid": uid, "allowed": True}
+class Decision(NamedTuple):
+    """What is answered for a plan under the failure policy, once: the admission response and the
+    preview both read it."""
+
+    allowed: bool
+    patch: list[Operation]  # the operations applied: none in shadow mode, when denied, or with nothing to do
+    warnings: list[str]  # prefixed and cut to the API server's 120 characters
+    denial: str | None  # why the pod is refused (failurePolicy Fail and undecidable)
+    audit: dict[str, str]
+
+
+NOTHING_TO_DO = Decision(True, [], [], None, {})
+
+
+def decision(decided: Plan | None, settings: Settings) -> Decision:
     if decided is None:
-        return answer
+        return NOTHING_TO_DO
     warnings = [_warning(w) for w in decided.warnings]
+    denial = None
     if decided.undecided is not None:
         if settings.failure_policy == "Fail":
-            answer["allowed"] = False
-            answer["status"] = {
-                "code": 403,
-                "message": f"copilot-webhook cannot decide (failurePolicy Fail): {decided.undecided}",
-            }
+            denial = f"copilot-webhook cannot decide (failurePolicy Fail): {decided.undecided}"
         else:
             warnings.append(_warning(f"left unchanged, cannot decide: {decided.undecided}"))
-    if decided.changes and not decided.shadow and answer["allowed"]:
+    patch = [c.op for c in decided.changes] if not decided.shadow and denial is None else []
+    return Decision(denial is None, patch, warnings, denial, dict(decided.audit))
+
+
+class Status(TypedDict):
+    code: int
+    message: str
+
+
+class AdmissionResponse(TypedDict, total=False):
+    """admission.k8s.io/v1 AdmissionResponse, as far as we answer it."""
+
+    uid: Required[str]
+    allowed: Required[bool]
+    status: Status
+    patchType: Literal["JSONPatch"]
+    patch: str  # base64 of the JSON Patch
+    auditAnnotations: dict[str, str]
+    warnings: list[str]
+
+
+def response(uid: str, decided: Plan | None, settings: Settings) -> AdmissionResponse:
+    return admission_response(uid, decision(decided, settings))
+
+
+def admission_response(uid: str, decided: Decision) -> AdmissionResponse:
+    answer: AdmissionResponse = {"uid": uid, "allowed": decided.allowed}
+    if decided.denial is not None:
+        answer["status"] = {"code": 403, "message": decided.denial}
+    if decided.patch:
         answer["patchType"] = "JSONPatch"
-        answer["patch"] = base64.b64encode(orjson.dumps([c.op for c in decided.changes])).decode("ascii")
+        answer["patch"] = base64.b64encode(orjson.dumps(decided.patch)).decode("ascii")
     if decided.audit:
-        answer["auditAnnotations"] = dict(decided.audit)
-    if warnings:
-        answer["warnings"] = warnings
+        answer["auditAnnotations"] = decided.audit
+    if decided.warnings:
+        answer["warnings"] = decided.warnings
     return answer
 
 
-def envelope(api_version: str, answer: dict[str, Any]) -> bytes:
+def envelope(api_version: str, answer: AdmissionResponse) -> bytes:
     return orjson.dumps({"apiVersion": api_version, "kind": "AdmissionReview", "response": answer})

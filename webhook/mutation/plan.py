@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from webhook.config import Settings
 from webhook.mutation.copilot import Copilot, PtraceResult, find_copilot, flyte_owned, plan_ptrace
@@ -20,12 +20,13 @@ from webhook.mutation.pointer import Operation, add, join
 from webhook.mutation.puller import PullerResult, plan_puller
 from webhook.mutation.runtime import Runtime
 
-PTRACE = "ptrace"
-PULLER = "image-puller"
-KINDS = (PTRACE, PULLER)
+Kind = Literal["ptrace", "image-puller"]  # the two kinds of mutation, each with its own webhook path
+PTRACE: Kind = "ptrace"
+PULLER: Kind = "image-puller"
+KINDS: tuple[Kind, ...] = (PTRACE, PULLER)
 INJECT_ANNOTATION = "copilot-webhook.io/inject"
 MUTATED_ANNOTATION = "copilot-webhook.io/mutated"
-_SUMMARY_ORDER = {PTRACE: 0, PULLER: 1}
+_SUMMARY_ORDER: dict[str, int] = {PTRACE: 0, PULLER: 1}
 _MUTATED_PATH = join("metadata", "annotations", MUTATED_ANNOTATION)
 
 
@@ -45,8 +46,8 @@ class Outcome:
 class Plan:
     changes: list[Change] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-    audit: dict[str, str] = field(default_factory=dict)
-    outcomes: dict[str, Outcome] = field(default_factory=dict)
+    audit: dict[str, str] = field(default_factory=dict)  # kind -> what the audit annotation says
+    outcomes: dict[str, Outcome] = field(default_factory=dict)  # kind -> mutated or not, and why
     shadow: bool = False
     undecided: str | None = None
     runtime: Runtime | None = None  # the image puller's runtime decision, when it got that far

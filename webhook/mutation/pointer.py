@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from typing import Any, Literal, Required, TypedDict
 
 
 class Operation(TypedDict, total=False):
-    op: str
-    path: str
-    value: Any
+    """One RFC 6902 operation, of the three kinds we emit."""
+
+    op: Required[Literal["add", "remove", "replace"]]
+    path: Required[str]
+    value: Any  # a JSON value of the pod's: any of them
 
 
 def escape(token: str) -> str:
