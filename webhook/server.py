@@ -12,13 +12,16 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
-from urllib.parse import parse_qsl
 
 import orjson
+from fastapi import Request
 
+from webhook.api import BODY_KEY, STATIC
+from webhook.api import PATHS as API_PATHS
+from webhook.api import build as build_api
 from webhook.config import Settings
 from webhook.errors import ClientGone, PreviewFailed, RequestError
 from webhook.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -58,6 +61,7 @@ ROUTES = {
     "/readyz": "GET",
     "/metrics": "GET",
 }
+WORKER_KEY = "copilot-webhook.preview-worker"  # the worker taken for a preview, in the ASGI scope
 _RESULTS = {
     400: "bad_request",
     404: "not_found",
@@ -131,6 +135,13 @@ class Answer:
             tuple(headers),
         )
 
+    def header_list(self) -> list[tuple[bytes, bytes]]:
+        return [
+            (b"content-type", self.content_type.encode()),
+            (b"content-length", str(len(self.body)).encode()),
+            *self.headers,
+        ]
+
 
 def error(status: int, message: str, headers: Iterable[tuple[bytes, bytes]] = ()) -> Answer:
     return Answer(status, orjson.dumps({"error": message}), JSON, _RESULTS.get(status, "error"), headers)
@@ -174,7 +185,8 @@ class WebhookApp:
         self.metrics = metrics or Metrics()
         self.namespaces = namespaces
         self.readiness = list(readiness)
-        self._latency = {path: self.metrics.latency.labels(path) for path in (*ROUTES, "unknown")}
+        self._latency = {path: self.metrics.latency.labels(path) for path in (*ROUTES, "/docs", "unknown")}
+        self.api = build_api(self._run_preview)
         self._deadlines = BodyDeadlines()
         # Sized once: preview.concurrency takes effect at the next start. The threads only wait on the workers.
         self.previewer = Previewer(settings.preview.concurrency, facts_export)
@@ -185,6 +197,9 @@ class WebhookApp:
             return
         started = time.perf_counter()
         path = _route_path(scope)
+        if path in API_PATHS or path.startswith(STATIC):
+            await self._served_by_api(scope, receive, send, path, started)
+            return
         endpoint = path if path in ROUTES else "unknown"
         try:
             answer = await self._route(scope, receive, path)
@@ -206,6 +221,22 @@ class WebhookApp:
         self.metrics.request(endpoint, answer.result).inc()
         self._latency[endpoint].observe(time.perf_counter() - started)
 
+    async def _served_by_api(self, scope: Scope, receive: Receive, send: Send, path: str, started: float) -> None:
+        endpoint = path if path in ROUTES else "/docs"
+        try:
+            status = await self._api(scope, receive, send, path)
+        except RequestError as exc:
+            answer = error(exc.status, exc.message, _RETRY_AFTER if exc.status == 503 else ())
+            await send({"type": "http.response.start", "status": answer.status, "headers": answer.header_list()})
+            await send({"type": "http.response.body", "body": answer.body})
+            status = answer.status
+        except ClientGone:
+            self.metrics.request(endpoint, "client_gone").inc()
+            return
+        result = "ok" if status == 200 else _RESULTS.get(status or 0, "error")
+        self.metrics.request(endpoint, result).inc()
+        self._latency[endpoint].observe(time.perf_counter() - started)
+
     async def _route(self, scope: Scope, receive: Receive, path: str) -> Answer:
         method = ROUTES.get(path)
         if method is None or (path == "/preview" and not self.settings.preview.enabled):
@@ -223,8 +254,6 @@ class WebhookApp:
             return self._ready()
         if path == "/metrics":
             return Answer(200, self.metrics.render(), METRICS_CONTENT_TYPE)
-        if path == "/preview":
-            return await self._preview(scope, receive)
         return await self._mutate(scope, receive, MUTATE_PATHS[path])
 
     def _ready(self) -> Answer:
@@ -280,29 +309,60 @@ class WebhookApp:
             result = "patched" if "patch" in answer else ("denied" if not answer["allowed"] else "unchanged")
         return Answer(200, envelope(review.api_version, answer), result=result)
 
-    async def _preview(self, scope: Scope, receive: Receive) -> Answer:
+    async def _api(self, scope: Scope, receive: Receive, send: Send, path: str) -> int | None:
+        """/preview, /openapi.json and /docs through FastAPI (api.py). For a preview the body is read here
+        first, under its limits and deadline, and a worker taken; the answer's status, for the metrics."""
+        if path == "/preview":
+            if not self.settings.preview.enabled:
+                raise RequestError(404, "no endpoint /preview: preview.enabled is false")
+            if scope["method"] == "POST":
+                return await self._preview(scope, receive, send)
+        status: list[int] = []
+
+        async def sending(message: MutableMapping[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                status.append(message["status"])
+            await send(dict(message))
+
+        await self.api(scope, receive, sending)
+        return status[0] if status else None
+
+    async def _preview(self, scope: Scope, receive: Receive, send: Send) -> int | None:
         kind = media_type(scope)
         if kind != JSON and kind not in YAML_TYPES:
             raise RequestError(
                 415, f"Content-Type must be {JSON} or application/yaml (text/yaml), got {kind or 'none'!r}"
             )
-        settings = self.settings
         worker = self.previewer.take()
         if worker is None:
             raise RequestError(503, "previews are busy (preview.concurrency); try again in a second")
         self.metrics.previews_in_flight.inc()
         try:
+            settings = self.settings
             body = await self._read_body(scope, receive, settings.preview.max_body_bytes, "preview.maxBodyBytes")
-            params = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True))
-            # In a worker process (previewer.py): admission reviews are answered while a preview runs.
-            work = functools.partial(self.previewer.run, worker, body, kind, params, settings)
-            content, content_type = await asyncio.get_running_loop().run_in_executor(self._preview_waits, work)
-        except PreviewFailed as exc:
-            raise RequestError(exc.status, exc.message) from None
+            status: list[int] = []
+
+            async def sending(message: MutableMapping[str, Any]) -> None:
+                if message["type"] == "http.response.start":
+                    status.append(message["status"])
+                await send(dict(message))
+
+            extended = {**scope, BODY_KEY: body, WORKER_KEY: (worker, kind, settings)}
+            await self.api(extended, _no_more_body, sending)
+            return status[0] if status else None
         finally:
             self.previewer.give_back(worker)
             self.metrics.previews_in_flight.dec()
-        return Answer(200, content, content_type)
+
+    async def _run_preview(self, request: Request, body: bytes, params: dict[str, str]) -> tuple[bytes, str]:
+        """The preview itself, in a worker process (previewer.py): admission reviews are answered meanwhile."""
+        worker, kind, settings = request.scope[WORKER_KEY]
+        work = functools.partial(self.previewer.run, worker, body, kind, params, settings)
+        try:
+            result: tuple[bytes, str] = await asyncio.get_running_loop().run_in_executor(self._preview_waits, work)
+        except PreviewFailed as exc:
+            raise RequestError(exc.status, exc.message) from None
+        return result
 
 
 class MetricsApp:
@@ -325,3 +385,8 @@ class MetricsApp:
         headers = [(b"content-type", answer.content_type.encode()), (b"content-length", str(len(answer.body)).encode())]
         await send({"type": "http.response.start", "status": answer.status, "headers": [*headers, *answer.headers]})
         await send({"type": "http.response.body", "body": answer.body})
+
+
+async def _no_more_body() -> dict[str, Any]:
+    """The preview's body was read before FastAPI saw the request."""
+    return {"type": "http.request", "body": b"", "more_body": False}

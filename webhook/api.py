@@ -1,0 +1,227 @@
+"""The part of the HTTP API people use by hand, through FastAPI: POST /preview with typed, validated query
+parameters, the OpenAPI description at /openapi.json (documenting /mutate*, the probes and /metrics too),
+and interactive docs at /docs from the package's own Swagger UI assets (fastapi-offline), so they work
+without internet access.
+
+Admission, health, readiness and metrics stay on the plain ASGI path (server.py): a framework's no-op
+route serves fewer requests per second than our whole /mutate (docs/performance.md). The server reads a
+preview's body (its limits and deadline) before FastAPI sees the request; errors keep the API's
+`{"error": "..."}` form and 4xx statuses.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any
+
+from fastapi import FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import JSONResponse, Response
+from fastapi_offline import FastAPIOffline
+from starlette.exceptions import HTTPException
+
+from webhook import __version__
+from webhook.errors import RequestError
+
+BODY_KEY = "copilot-webhook.body"  # the preview body, read by the server, in the ASGI scope
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+PARAMETERS = ("output", "runtime", "node", "namespace")
+PATHS = ("/preview", "/openapi.json", "/docs", "/docs/oauth2-redirect")
+STATIC = "/static-offline-docs/"
+
+PREVIEW_ANSWER = (
+    "JSON (per object: patch, object, changes with reasons, warnings, runtime), YAML, a JSON Patch or a "
+    "unified diff, per `output`"
+)
+RunPreview = Callable[[Request, bytes, dict[str, str]], Awaitable[tuple[bytes, str]]]
+
+
+class Output(enum.StrEnum):
+    json = "json"
+    yaml = "yaml"
+    patch = "patch"
+    diff = "diff"
+
+
+class Flavour(enum.StrEnum):
+    docker = "docker"
+    containerd = "containerd"
+    cri_o = "cri-o"
+
+
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+
+def _invalid(request: Request, exc: Exception) -> JSONResponse:
+    """A query parameter FastAPI refused, named as the command line's `preview` names it."""
+    assert isinstance(exc, RequestValidationError)
+    from webhook.preview import parse_query
+
+    try:
+        parse_query(dict(request.query_params))
+    except RequestError as named:
+        return _error(400, named.message)
+    first = exc.errors()[0]
+    where = ".".join(str(part) for part in first.get("loc", ()) if part != "query")
+    return _error(400, f"query parameter {where}: {first.get('msg')}; {_PARAMETER_HELP}")
+
+
+_PARAMETER_HELP = "known: output (json, yaml, patch, diff), runtime (docker, containerd, cri-o), node, namespace"
+
+
+def _request_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestError)
+    return _error(exc.status, exc.message, {"retry-after": "1"} if exc.status == 503 else None)
+
+
+def _http_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 405:
+        return _error(405, f"{request.url.path} takes POST, not {request.method}", {"allow": "POST"})
+    return _error(exc.status_code, str(exc.detail))
+
+
+def build(run_preview: RunPreview) -> FastAPI:
+    app = FastAPIOffline(
+        title="copilot-webhook",
+        version=__version__,
+        description=__doc__.split("\n\n")[0] if __doc__ else None,
+        redoc_url=None,
+        static_url=STATIC.rstrip("/"),
+    )
+    app.add_exception_handler(RequestValidationError, _invalid)
+    app.add_exception_handler(RequestError, _request_error)
+    app.add_exception_handler(HTTPException, _http_error)
+
+    @app.post(
+        "/preview",
+        summary="What the webhook would do to an object, without creating it",
+        response_class=Response,
+        responses={
+            200: {"description": PREVIEW_ANSWER},
+            400: {"description": "Not a Pod, workload, AdmissionReview or List; or a bad query parameter"},
+            404: {"description": "preview.enabled is false"},
+            408: {"description": "The body did not arrive within server.deadlineSeconds"},
+            413: {"description": "Over preview.maxBodyBytes"},
+            415: {"description": "Not application/json or application/yaml"},
+            503: {"description": "preview.concurrency previews are running; retry after a second"},
+        },
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {
+                    "application/yaml": {"schema": {"type": "string"}},
+                    "application/json": {"schema": {"type": "object"}},
+                },
+            }
+        },
+    )
+    async def preview(
+        request: Request,
+        output: Annotated[Output, Query(description="The answer's form")] = Output.json,
+        runtime: Annotated[Flavour | None, Query(description="What if the node ran this runtime")] = None,
+        node: Annotated[str | None, Query(pattern=DNS_SUBDOMAIN, description="What if the pod ran here")] = None,
+        namespace: Annotated[str | None, Query(pattern=DNS_LABEL, description="The namespace to assume")] = None,
+    ) -> Response:
+        unknown = sorted(set(request.query_params) - set(PARAMETERS))
+        if unknown:
+            raise RequestError(400, f"unknown query parameter(s) {', '.join(unknown)}; {_PARAMETER_HELP}")
+        params = {"output": output.value}
+        params |= {
+            k: v for k, v in (("runtime", runtime and runtime.value), ("node", node), ("namespace", namespace)) if v
+        }
+        content, content_type = await run_preview(request, request.scope[BODY_KEY], params)
+        return Response(content, media_type=content_type)
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+            schema["paths"].update(_PLAIN_PATHS)
+            schema.setdefault("components", {}).setdefault("schemas", {})["AdmissionReview"] = _ADMISSION_REVIEW
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+    return app
+
+
+def _review(summary: str, description: str) -> dict[str, Any]:
+    return {
+        "post": {
+            "summary": summary,
+            "description": description,
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": {"$ref": "#/components/schemas/AdmissionReview"}}},
+            },
+            "responses": {
+                "200": {
+                    "description": "The AdmissionReview with its response: uid echoed, allowed, a base64 JSON "
+                    "Patch when there are operations, warnings and audit annotations",
+                    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/AdmissionReview"}}},
+                },
+                "400": {"description": "Not an AdmissionReview (v1 or v1beta1) with a request uid"},
+                "408": {"description": "The body did not arrive within server.deadlineSeconds"},
+                "413": {"description": "Over server.maxBodyBytes"},
+                "415": {"description": "Not application/json"},
+            },
+        }
+    }
+
+
+def _probe(summary: str, content_type: str = "application/json") -> dict[str, Any]:
+    return {"get": {"summary": summary, "responses": {"200": {"description": "OK", "content": {content_type: {}}}}}}
+
+
+# The paths served on the plain ASGI path, described here so that /docs shows the whole API.
+_PLAIN_PATHS: dict[str, Any] = {
+    "/mutate": _review("Admission: the SYS_PTRACE policy and the image puller", "For both webhooks at once."),
+    "/mutate/ptrace": _review("Admission: the SYS_PTRACE policy alone", "The ptrace.copilot-webhook.io webhook."),
+    "/mutate/image-puller": _review(
+        "Admission: the image puller alone", "The image-puller.copilot-webhook.io webhook."
+    ),
+    "/healthz": _probe("The process is alive"),
+    "/readyz": _probe("200 once the certificate is valid and the caches have listed; 503 with reasons"),
+    "/metrics": _probe("Prometheus metrics", "text/plain"),
+}
+
+_ADMISSION_REVIEW: dict[str, Any] = {
+    "type": "object",
+    "description": "admission.k8s.io/v1 (or v1beta1) AdmissionReview; the API server sends `request`, the "
+    "webhook answers with `response`.",
+    "required": ["apiVersion", "kind"],
+    "properties": {
+        "apiVersion": {"type": "string", "enum": ["admission.k8s.io/v1", "admission.k8s.io/v1beta1"]},
+        "kind": {"type": "string", "enum": ["AdmissionReview"]},
+        "request": {
+            "type": "object",
+            "required": ["uid"],
+            "properties": {
+                "uid": {"type": "string"},
+                "kind": {"type": "object"},
+                "resource": {"type": "object"},
+                "namespace": {"type": "string"},
+                "operation": {"type": "string"},
+                "object": {"type": "object", "description": "the Pod"},
+                "dryRun": {"type": "boolean"},
+            },
+        },
+        "response": {
+            "type": "object",
+            "required": ["uid", "allowed"],
+            "properties": {
+                "uid": {"type": "string"},
+                "allowed": {"type": "boolean"},
+                "patchType": {"type": "string", "enum": ["JSONPatch"]},
+                "patch": {"type": "string", "format": "byte"},
+                "warnings": {"type": "array", "items": {"type": "string"}},
+                "auditAnnotations": {"type": "object", "additionalProperties": {"type": "string"}},
+                "status": {"type": "object"},
+            },
+        },
+    },
+}
