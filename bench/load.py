@@ -1,12 +1,13 @@
 """Load benchmark of POST /mutate over TLS with keep-alive connections, side by side with the reference
 webhooks, in one run: the same certificate, load generator, body, connection count and machine.
 
-    python bench/load.py --anchors DIR [--rounds 3] [--seconds 10] [--connections 16]
+    python bench/load.py --anchors DIR [--baseline CHECKOUT] [--rounds 3] [--seconds 10] [--connections 16]
 
 DIR holds the anchors: go-floor/ (Go standard library webhook), py-naive/app.py (the FastAPI webhook most
 people write first), post.lua (wrk script). Needs wrk (Debian package `wrk`) and, for go-floor, Go.
 Targets are measured in turn within each round, so a noisy neighbour hurts all of them alike; the table
-gives the median over rounds of requests per second and of p50/p99 latency.
+gives the median over rounds of requests per second and of p50/p99 latency. `--baseline` adds our server
+as another checkout has it (`git worktree add /tmp/base <commit>`), to show a change did not slow /mutate.
 """
 
 from __future__ import annotations
@@ -93,6 +94,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=int, default=10)
     parser.add_argument("--connections", type=int, default=16)
+    parser.add_argument("--baseline", type=Path, help="another checkout of this project, measured beside")
     args = parser.parse_args()
     anchors = args.anchors.resolve()
     lua = anchors / "post.lua"
@@ -111,7 +113,7 @@ def main() -> None:
         print("no Go toolchain (Debian: golang-1.19-go): go-floor is left out of this run", file=sys.stderr)
 
     ours, go_port, naive = free_port(), free_port(), free_port()
-    servers = [
+    servers: list[tuple[list[str], int, Path | None]] = [
         ([sys.executable, "-m", "webhook", "serve", "--host", "127.0.0.1", "--port", str(ours), "--tls-cert", cert,
           "--tls-key", key, "--log-level", "warning"], ours, None),
         ([str(go_bin), "-addr", f"127.0.0.1:{go_port}", "-cert", cert, "-key", key], go_port, None),
@@ -129,6 +131,13 @@ def main() -> None:
     }
     if not go_bin.exists():
         del servers[1], targets["go-floor POST /mutate"]
+    if args.baseline is not None:
+        base = free_port()
+        command = [sys.executable, "-m", "webhook", "serve", "--host", "127.0.0.1", "--port", str(base),
+                   "--tls-cert", cert, "--tls-key", key, "--log-level", "warning"]  # fmt: skip
+        servers.append((command, base, args.baseline.resolve()))
+        targets["baseline POST /mutate/ptrace"] = (f"https://127.0.0.1:{base}/mutate/ptrace", lua)
+        targets["baseline POST /mutate"] = (f"https://127.0.0.1:{base}/mutate", lua)
     results: dict[str, list[dict[str, float]]] = {name: [] for name in targets}
     with contextlib.ExitStack() as stack:
         for server in servers:

@@ -256,7 +256,10 @@ def serve(
     # the oldest generation skips it (6% more /mutate/ptrace throughput, measured side by side).
     gc.collect()
     gc.freeze()
-    sys.setswitchinterval(SWITCH_INTERVAL)
+    if view is not None:
+        # The caches' threads parse lists beside the event loop: a request waits for them at most 1 ms, not
+        # the interpreter's default 5 (docs/performance.md). Without them there is no thread to switch to.
+        sys.setswitchinterval(SWITCH_INTERVAL)
     if keeper is not None:
         keeper.listening = server.listening
         keeper.start()
