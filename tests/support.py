@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -64,6 +65,18 @@ def validate(obj: dict[str, Any]) -> None:
     """The object must be one the API server accepts, for every Kubernetes version we claim."""
     for version in K8S_VERSIONS:
         kubernetes_validate.validate(obj, version, strict=True)
+
+
+COVERAGE_VARIABLES = ("COVERAGE_PROCESS_CONFIG", "COVERAGE_FILE", "COVERAGE_CORE")
+
+
+def child_env(**variables: str) -> dict[str, str]:
+    """A minimal environment for a command a test runs, plus coverage's own variables when the tests run
+    under coverage, so the lines the command runs are counted too."""
+    env = {"PATH": "/usr/bin:/bin"}
+    env.update({k: os.environ[k] for k in COVERAGE_VARIABLES if k in os.environ})
+    env.update(variables)
+    return env
 
 
 def eventually(check: Callable[[], bool], timeout: float = 10) -> bool:

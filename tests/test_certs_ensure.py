@@ -26,7 +26,7 @@ from certs.authority import generate_ca, generate_files
 from certs.rotation import load_bundle
 from tests.fake_apiserver import FakeAPIServer
 from tests.server_process import Server, free_port, running_server
-from tests.support import eventually
+from tests.support import child_env, eventually
 from webhook.cluster.access import api_client
 from webhook.cluster.certificates import POLICY_ANNOTATION, CertificateManager
 from webhook.cluster.keeper import AdmissionKeeper
@@ -177,7 +177,7 @@ def test_a_conflicting_update_is_retried(cluster: FakeAPIServer, tmp_path: Path)
 
 
 def _cli(api: FakeAPIServer, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {"PATH": "/usr/bin:/bin", "COPILOT_WEBHOOK_CLUSTER__KUBECONFIG": str(api.kubeconfig(tmp_path / "kc"))}
+    env = child_env(COPILOT_WEBHOOK_CLUSTER__KUBECONFIG=str(api.kubeconfig(tmp_path / "kc")))
     return subprocess.run(
         [sys.executable, "-m", "webhook", "certs", "ensure", *args],
         capture_output=True,

@@ -11,9 +11,9 @@ from typing import Any
 import orjson
 import yaml
 
-from tests.support import PODS
+from tests.support import PODS, child_env
 
-ENV = {"PATH": "/usr/bin:/bin"}
+ENV = child_env()
 
 
 def _run(*args: str, env: dict[str, str] | None = None, stdin: bytes | None = None) -> subprocess.CompletedProcess[Any]:

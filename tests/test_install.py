@@ -15,6 +15,7 @@ import pytest
 from certs.authority import generate_ca, generate_files
 from tests.fake_apiserver import FakeAPIServer
 from tests.server_process import free_port, running_server
+from tests.support import child_env
 
 MWC = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/cw"
 
@@ -46,7 +47,7 @@ def _register(api: FakeAPIServer, bundle: bytes | None) -> None:
 
 
 def _run(api: FakeAPIServer, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {"PATH": "/usr/bin:/bin", "COPILOT_WEBHOOK_CLUSTER__KUBECONFIG": str(api.kubeconfig(tmp_path / "kc"))}
+    env = child_env(COPILOT_WEBHOOK_CLUSTER__KUBECONFIG=str(api.kubeconfig(tmp_path / "kc")))
     return subprocess.run(
         [sys.executable, "-m", "webhook", *args], capture_output=True, text=True, env=env, timeout=60, check=False
     )

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from tests.fake_apiserver import FakeAPIServer, node
-from tests.support import eventually
+from tests.support import child_env, eventually
 from webhook.cluster.access import ClusterView, api_client
 from webhook.config import ClusterSettings
 
@@ -29,7 +29,7 @@ def _cluster(api: FakeAPIServer) -> None:
 
 def _run(api: FakeAPIServer, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     kubeconfig = api.kubeconfig(tmp_path / "kubeconfig")
-    env = {"PATH": "/usr/bin:/bin", "COPILOT_WEBHOOK_CLUSTER__KUBECONFIG": str(kubeconfig)}
+    env = child_env(COPILOT_WEBHOOK_CLUSTER__KUBECONFIG=str(kubeconfig))
     command = [sys.executable, "-m", "webhook", "label-nodes", *args]
     return subprocess.run(command, capture_output=True, text=True, env=env, timeout=60, check=False)
 
@@ -58,7 +58,7 @@ def test_label_nodes_patches_only_what_is_wrong(api: FakeAPIServer, tmp_path: Pa
 
 
 def test_label_nodes_without_cluster_access_fails_clearly(tmp_path: Path) -> None:
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "KUBECONFIG": str(tmp_path / "none")}
+    env = child_env(HOME=str(tmp_path), KUBECONFIG=str(tmp_path / "none"))
     result = subprocess.run(
         [sys.executable, "-m", "webhook", "label-nodes"],
         capture_output=True,

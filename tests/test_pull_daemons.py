@@ -35,6 +35,7 @@ from tests.daemons import (
     registry,
     require,
 )
+from tests.support import child_env
 from webhook.config import build_settings
 from webhook.mutation.puller import SECRETS_PATH, puller_container
 from webhook.mutation.runtime import Runtime
@@ -126,6 +127,10 @@ def _as_pod(command: list[str], hosts: Path | None = None) -> list[str]:
     """uid 0 with every capability dropped and no new privileges, in a mount namespace whose root is
     read-only (so a successful run wrote nothing), with the pod's /etc/hosts where given."""
     script = ["mount --make-rprivate /", "mount -o remount,bind,ro /"]
+    data = os.environ.get("COVERAGE_FILE")
+    if data and "COVERAGE_PROCESS_CONFIG" in os.environ:  # under coverage: its data directory alone stays writable
+        folder = os.path.dirname(data)
+        script.insert(1, f"mount --bind {folder} {folder}")
     if hosts is not None:
         script.insert(1, f"mount --bind {hosts} /etc/hosts")
     jail = ["setpriv", "--bounding-set=-all", "--inh-caps=-all", "--no-new-privs", "--"]
@@ -138,7 +143,7 @@ def _run(
     hosts: Path | None = None,
     timeout: float = 120,
 ) -> Run:
-    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT), "PYTHONDONTWRITEBYTECODE": "1"}
+    env = child_env(PATH=os.environ["PATH"], PYTHONPATH=str(ROOT), PYTHONDONTWRITEBYTECODE="1")
     env.update({e["name"]: e["value"] for e in container.get("env", [])})
     started = time.monotonic()
     done = subprocess.run(
@@ -279,7 +284,7 @@ def test_sigterm_mid_pull_stops_at_once_and_kills_the_client(world: World, tmp_p
         host = f"127.0.0.1:{port}"
         image = f"{host}/hangs/app:v1"
         container = _container(_cri(world), [image], registries={host: {"plainHttp": True}}, failurePolicy="Fail")
-        env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT), "PYTHONDONTWRITEBYTECODE": "1"}
+        env = child_env(PATH=os.environ["PATH"], PYTHONPATH=str(ROOT), PYTHONDONTWRITEBYTECODE="1")
         process = subprocess.Popen(
             _as_pod(_command(container, None)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
         )
