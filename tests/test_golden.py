@@ -93,3 +93,28 @@ def test_golden(name: str) -> None:
         assert len(warning) <= 120, f"the API server truncates warnings over 120 characters: {warning!r}"
     again = _run(mutated, context)
     assert decoded_patch(again) == [], "re-running the webhook on its own output must change nothing"
+
+
+def test_every_reason_a_plan_gives_is_a_listed_one() -> None:
+    """The skip reasons (metrics labels, audit annotations) are the Literals of mutation/reasons.py."""
+    import typing
+
+    from webhook.mutation import reasons
+
+    listed = {v for alias in (reasons.PlanSkip, reasons.PtraceSkip, reasons.PullerSkip) for v in typing.get_args(alias)}
+    seen = set()
+    for name in _cases():
+        obj, context = _case(name)
+        settings = build_settings(context.get("settings", {}))
+        nodes = None
+        if "nodes" in context:
+            nodes = {
+                n["name"]: node_facts(n.get("runtime"), n.get("labels", {}), n.get("annotations", {}))
+                for n in context["nodes"]
+            }
+        cluster = cluster_facts(context.get("namespaceLabels"), nodes, context.get("nodeState"))
+        namespace = context.get("namespace") or obj["metadata"].get("namespace", "default")
+        decided = plan(obj, Facts(RequestFacts(namespace), cluster), settings, tuple(context.get("kinds", KINDS)))
+        seen |= {o.reason for o in decided.outcomes.values() if not o.mutated}
+    assert seen <= listed, seen - listed
+    assert len(seen) >= 8, "the golden cases exercise most reasons"

@@ -16,6 +16,7 @@ from webhook.config import CopilotSettings, PtraceMode, PtraceSettings
 from webhook.mutation.errors import PodShapeError, Undecidable
 from webhook.mutation.pod import Container, PodView
 from webhook.mutation.pointer import Operation, add, remove
+from webhook.mutation.reasons import NoCapability, PtraceSkip
 
 SIDECAR_ROLES = frozenset({"uploader", "sidecar"})
 ROLES = SIDECAR_ROLES | {"downloader"}
@@ -57,7 +58,7 @@ class Copilot:
     def legacy(self) -> bool:
         return bool(self.watchers)
 
-    def why_no_capability(self) -> str:
+    def why_no_capability(self) -> NoCapability:
         native = any(c.is_init and c.body.get("restartPolicy") == "Always" for c in self.sidecars)
         return "native-sidecar" if native else "no-watcher"
 
@@ -85,7 +86,7 @@ class PtraceResult:
     ops: list[tuple[Operation, str]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     decision: str = "keep"  # what the audit annotation and summary say
-    skip_reason: str | None = None
+    skip_reason: PtraceSkip | None = None
 
 
 def effective_mode(view: PodView, settings: PtraceSettings, result: PtraceResult) -> PtraceMode:

@@ -18,6 +18,7 @@ from webhook.mutation.facts import INJECT_LABEL, MODE_LABEL, Facts
 from webhook.mutation.pod import PodView, read_pod
 from webhook.mutation.pointer import Operation, add, join
 from webhook.mutation.puller import PullerResult, plan_puller
+from webhook.mutation.reasons import PlanSkip
 from webhook.mutation.runtime import Runtime
 
 Kind = Literal["ptrace", "image-puller"]  # the two kinds of mutation, each with its own webhook path
@@ -58,7 +59,7 @@ class Plan:
         return [c.op for c in self.changes]
 
 
-def _skip_all(kinds: Collection[str], reason: str, warnings: list[str] | None = None) -> Plan:
+def _skip_all(kinds: Collection[str], reason: PlanSkip, warnings: list[str] | None = None) -> Plan:
     return Plan(warnings=warnings or [], outcomes={k: Outcome(False, reason) for k in kinds})
 
 

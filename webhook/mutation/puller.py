@@ -18,6 +18,7 @@ from webhook.mutation.errors import PodShapeError, Undecidable
 from webhook.mutation.facts import Facts
 from webhook.mutation.pod import PodView
 from webhook.mutation.pointer import Operation, add, join
+from webhook.mutation.reasons import PullerSkip
 from webhook.mutation.runtime import Runtime, decide_runtime
 from webhook.mutation.scheduling import required_terms
 from webhook.references import Reference, parse
@@ -226,11 +227,11 @@ class PullerResult:
     ops: list[tuple[Operation, str]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     decision: str = ""
-    skip_reason: str | None = None
+    skip_reason: PullerSkip | None = None
     runtime: Runtime | None = None
 
 
-def _skip(reason: str, warning: str | None = None, runtime: Runtime | None = None) -> PullerResult:
+def _skip(reason: PullerSkip, warning: str | None = None, runtime: Runtime | None = None) -> PullerResult:
     return PullerResult(
         warnings=[warning] if warning else [], decision=f"skipped({reason})", skip_reason=reason, runtime=runtime
     )
@@ -256,7 +257,7 @@ def plan_puller(
         return _skip("no-images")
     decision = decide_runtime(view, facts.request, facts.cluster, settings)
     if decision.runtime is None:
-        return _skip(str(decision.skip_reason), decision.warning)
+        return _skip(decision.skip_reason or "unknown-runtime", decision.warning)
     runtime = decision.runtime
     result = PullerResult(decision=f"{runtime.flavour}:{runtime.socket}", runtime=runtime)
     if decision.pin is not None:

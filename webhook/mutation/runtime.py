@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 from webhook.config import FLAVOURS, ImagePullerSettings
 from webhook.mutation.facts import ClusterFacts, NodeFacts, NodeSnapshot, RequestFacts
 from webhook.mutation.pod import PodView
+from webhook.mutation.reasons import PullerSkip
 from webhook.mutation.scheduling import candidate_nodes
 
 CRI_SOCKET_ANNOTATION = "kubeadm.alpha.kubernetes.io/cri-socket"
@@ -83,7 +84,7 @@ def configured(flavour: str, settings: ImagePullerSettings, source: str) -> Runt
 @dataclass(slots=True)
 class RuntimeDecision:
     runtime: Runtime | None = None
-    skip_reason: str | None = None
+    skip_reason: PullerSkip | None = None
     warning: str | None = None
     pin: str | None = None  # a flavour the pod must be pinned to (heterogeneous: pin)
 
