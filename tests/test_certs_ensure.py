@@ -222,9 +222,8 @@ def _serving(cluster: FakeAPIServer, tmp_path: Path, *args: str, name: str = "sr
     """`serve` as the chart runs it: POD_NAMESPACE and POD_IP from the downward API, no self-check address."""
     port = free_port()
     config = f"cluster:\n  kubeconfig: {cluster.kubeconfig(tmp_path / 'kc')}\n"
-    tls = tmp_path / "placeholder"
-    if not tls.exists():
-        generate_files(tls, "placeholder", "x", dns=["localhost"])  # overwritten by the server's own
+    tls = tmp_path / f"placeholder-{name}"  # one each: replicas start in parallel threads
+    generate_files(tls, "placeholder", "x", dns=["localhost"])  # overwritten by the server's own
     env = {"POD_NAMESPACE": "flyte", "POD_IP": "127.0.0.1"}
     with running_server(tls, tmp_path / name, *args, config=config, env=env, port=port) as server:
         yield server
