@@ -24,6 +24,7 @@ from starlette.exceptions import HTTPException
 
 from webhook import __version__
 from webhook.errors import RequestError
+from webhook.preview import parse_query
 
 BODY_KEY = "copilot-webhook.body"  # the preview body, read by the server, in the ASGI scope
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
@@ -59,8 +60,6 @@ def _error(status: int, message: str, headers: dict[str, str] | None = None) -> 
 def _invalid(request: Request, exc: Exception) -> JSONResponse:
     """A query parameter FastAPI refused, named as the command line's `preview` names it."""
     assert isinstance(exc, RequestValidationError)
-    from webhook.preview import parse_query
-
     try:
         parse_query(dict(request.query_params))
     except RequestError as named:

@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import orjson
-from fastapi import Request
+from fastapi import FastAPI, Request
 
 from webhook.api import BODY_KEY, STATIC
 from webhook.api import PATHS as API_PATHS
@@ -211,13 +211,7 @@ class WebhookApp:
         except Exception:
             log.exception("unhandled error on %s %s", scope["method"], path)
             answer = error(500, "internal error; the server logged the details and keeps serving")
-        headers = [
-            (b"content-type", answer.content_type.encode()),
-            (b"content-length", str(len(answer.body)).encode()),
-            *answer.headers,
-        ]
-        await send({"type": "http.response.start", "status": answer.status, "headers": headers})
-        await send({"type": "http.response.body", "body": answer.body})
+        await _send(send, answer)
         self.metrics.request(endpoint, answer.result).inc()
         self._latency[endpoint].observe(time.perf_counter() - started)
 
@@ -227,8 +221,7 @@ class WebhookApp:
             status = await self._api(scope, receive, send, path)
         except RequestError as exc:
             answer = error(exc.status, exc.message, _RETRY_AFTER if exc.status == 503 else ())
-            await send({"type": "http.response.start", "status": answer.status, "headers": answer.header_list()})
-            await send({"type": "http.response.body", "body": answer.body})
+            await _send(send, answer)
             status = answer.status
         except ClientGone:
             self.metrics.request(endpoint, "client_gone").inc()
@@ -239,7 +232,7 @@ class WebhookApp:
 
     async def _route(self, scope: Scope, receive: Receive, path: str) -> Answer:
         method = ROUTES.get(path)
-        if method is None or (path == "/preview" and not self.settings.preview.enabled):
+        if method is None:  # /preview, /openapi.json and /docs never come here (api.py)
             return error(
                 404,
                 f"no endpoint {path}; endpoints: POST /mutate, /mutate/ptrace, /mutate/image-puller, /preview; "
@@ -317,15 +310,7 @@ class WebhookApp:
                 raise RequestError(404, "no endpoint /preview: preview.enabled is false")
             if scope["method"] == "POST":
                 return await self._preview(scope, receive, send)
-        status: list[int] = []
-
-        async def sending(message: MutableMapping[str, Any]) -> None:
-            if message["type"] == "http.response.start":
-                status.append(message["status"])
-            await send(dict(message))
-
-        await self.api(scope, receive, sending)
-        return status[0] if status else None
+        return await _forward(self.api, scope, receive, send)
 
     async def _preview(self, scope: Scope, receive: Receive, send: Send) -> int | None:
         kind = media_type(scope)
@@ -340,16 +325,8 @@ class WebhookApp:
         try:
             settings = self.settings
             body = await self._read_body(scope, receive, settings.preview.max_body_bytes, "preview.maxBodyBytes")
-            status: list[int] = []
-
-            async def sending(message: MutableMapping[str, Any]) -> None:
-                if message["type"] == "http.response.start":
-                    status.append(message["status"])
-                await send(dict(message))
-
             extended = {**scope, BODY_KEY: body, WORKER_KEY: (worker, kind, settings)}
-            await self.api(extended, _no_more_body, sending)
-            return status[0] if status else None
+            return await _forward(self.api, extended, _no_more_body, send)
         finally:
             self.previewer.give_back(worker)
             self.metrics.previews_in_flight.dec()
@@ -382,9 +359,25 @@ class MetricsApp:
             answer = error(405, f"/metrics takes GET, not {scope['method']}", [(b"allow", b"GET")])
         else:
             answer = Answer(200, self.metrics.render(), METRICS_CONTENT_TYPE)
-        headers = [(b"content-type", answer.content_type.encode()), (b"content-length", str(len(answer.body)).encode())]
-        await send({"type": "http.response.start", "status": answer.status, "headers": [*headers, *answer.headers]})
-        await send({"type": "http.response.body", "body": answer.body})
+        await _send(send, answer)
+
+
+async def _send(send: Send, answer: Answer) -> None:
+    await send({"type": "http.response.start", "status": answer.status, "headers": answer.header_list()})
+    await send({"type": "http.response.body", "body": answer.body})
+
+
+async def _forward(app: FastAPI, scope: Scope, receive: Receive, send: Send) -> int | None:
+    """Let `app` answer; the status it sent, for the metrics (None: it sent none)."""
+    status: list[int] = []
+
+    async def sending(message: MutableMapping[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            status.append(message["status"])
+        await send(dict(message))
+
+    await app(scope, receive, sending)
+    return status[0] if status else None
 
 
 async def _no_more_body() -> dict[str, Any]:
