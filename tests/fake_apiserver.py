@@ -301,9 +301,9 @@ class FakeAPIServer:
                 self.rv += 1
                 obj.setdefault("metadata", {})["resourceVersion"] = str(self.rv)
                 self.objects[path][obj["metadata"]["name"]] = obj
-                self.encoded[path][obj["metadata"]["name"]] = json.dumps(obj).encode()
+                self._encoded(path, obj, table=False)  # serialised now, not during the first list
                 if path == "/api/v1/nodes":
-                    self.encoded_rows[path][obj["metadata"]["name"]] = json.dumps(node_row(obj)).encode()
+                    self._encoded(path, obj, table=True)
             self.compacted = self.rv
 
     def malformed(self, path: str, raw: bytes) -> None:

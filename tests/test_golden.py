@@ -14,9 +14,9 @@ import pytest
 import yaml
 
 from tests.support import GOLDEN, apply, decoded_patch, load_yaml, validate
-from webhook.config import build_settings
+from webhook.config import Settings, build_settings
 from webhook.mutation.facts import Facts, RequestFacts, cluster_facts
-from webhook.mutation.plan import KINDS, plan
+from webhook.mutation.plan import KINDS, Plan, plan
 from webhook.mutation.runtime import node_facts
 from webhook.review import response
 
@@ -39,6 +39,11 @@ def _case(name: str) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def _run(obj: dict[str, Any], context: dict[str, Any]) -> dict[str, Any]:
+    decided, settings = _plan(obj, context)
+    return dict(response("golden", decided, settings))
+
+
+def _plan(obj: dict[str, Any], context: dict[str, Any]) -> tuple[Plan, Settings]:
     """Context keys: settings, namespace, namespaceLabels, kinds, request (runtime, node what-ifs),
     nodes (the node cache: name, runtime, labels, annotations), nodeState (none, unsynced, synced)."""
     settings = build_settings(context.get("settings", {}))
@@ -54,7 +59,7 @@ def _run(obj: dict[str, Any], context: dict[str, Any]) -> dict[str, Any]:
         namespace, runtime=context.get("request", {}).get("runtime"), node=context.get("request", {}).get("node")
     )
     kinds = tuple(context.get("kinds", KINDS))
-    return dict(response("golden", plan(obj, Facts(request, cluster), settings, kinds), settings))
+    return plan(obj, Facts(request, cluster), settings, kinds), settings
 
 
 def _check(path: Path, actual: str) -> None:
@@ -104,17 +109,7 @@ def test_every_reason_a_plan_gives_is_a_listed_one() -> None:
     listed = {v for alias in (reasons.PlanSkip, reasons.PtraceSkip, reasons.PullerSkip) for v in typing.get_args(alias)}
     seen = set()
     for name in _cases():
-        obj, context = _case(name)
-        settings = build_settings(context.get("settings", {}))
-        nodes = None
-        if "nodes" in context:
-            nodes = {
-                n["name"]: node_facts(n.get("runtime"), n.get("labels", {}), n.get("annotations", {}))
-                for n in context["nodes"]
-            }
-        cluster = cluster_facts(context.get("namespaceLabels"), nodes, context.get("nodeState"))
-        namespace = context.get("namespace") or obj["metadata"].get("namespace", "default")
-        decided = plan(obj, Facts(RequestFacts(namespace), cluster), settings, tuple(context.get("kinds", KINDS)))
+        decided, _settings = _plan(*_case(name))
         seen |= {o.reason for o in decided.outcomes.values() if not o.mutated}
     assert seen <= listed, seen - listed
     assert len(seen) >= 8, "the golden cases exercise most reasons"
