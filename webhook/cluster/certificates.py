@@ -121,26 +121,29 @@ class CertificateManager:
             raise
         return True
 
-    def _patch_bundle(self, config: Mapping[str, Any], bundle: bytes) -> bool:
-        encoded = base64.b64encode(bundle).decode()
-        ops: list[dict[str, Any]] = [
-            {"op": "test", "path": "/metadata/resourceVersion", "value": config["metadata"]["resourceVersion"]}
-        ]
-        for i, hook in enumerate(config.get("webhooks") or ()):
-            if (hook.get("clientConfig") or {}).get("caBundle") != encoded:
-                ops.append({"op": "add", "path": f"/webhooks/{i}/clientConfig/caBundle", "value": encoded})
-        if len(ops) == 1:
-            return True
+    def _patch_config(self, config: Mapping[str, Any], ops: list[dict[str, Any]]) -> bool:
+        """JSON-patch the webhook configuration as it was read; False when it changed since (read again)."""
+        version = {"op": "test", "path": "/metadata/resourceVersion", "value": config["metadata"]["resourceVersion"]}
         try:
-            response = self.admission.patch_mutating_webhook_configuration(
-                self.webhook_config, ops, _content_type=JSON_PATCH, _preload_content=False
+            _raw(
+                self.admission.patch_mutating_webhook_configuration(
+                    self.webhook_config, [version, *ops], _content_type=JSON_PATCH, _preload_content=False
+                )
             )
-            _raw(response)
         except ApiException as exc:
             if exc.status in (409, 422):
                 return False
             raise
         return True
+
+    def _patch_bundle(self, config: Mapping[str, Any], bundle: bytes) -> bool:
+        encoded = base64.b64encode(bundle).decode()
+        ops = [
+            {"op": "add", "path": f"/webhooks/{i}/clientConfig/caBundle", "value": encoded}
+            for i, hook in enumerate(config.get("webhooks") or ())
+            if (hook.get("clientConfig") or {}).get("caBundle") != encoded
+        ]
+        return not ops or self._patch_config(config, ops)
 
     @staticmethod
     def declared_policies(config: Mapping[str, Any]) -> dict[str, str]:
@@ -175,20 +178,9 @@ class CertificateManager:
         pending = self.pending_policies(config)
         if not pending:
             return []
-        ops: list[dict[str, Any]] = [
-            {"op": "test", "path": "/metadata/resourceVersion", "value": config["metadata"]["resourceVersion"]}
-        ]
-        ops += [{"op": "add", "path": f"/webhooks/{i}/failurePolicy", "value": policy} for i, policy in pending]
-        try:
-            _raw(
-                self.admission.patch_mutating_webhook_configuration(
-                    self.webhook_config, ops, _content_type=JSON_PATCH, _preload_content=False
-                )
-            )
-        except ApiException as exc:
-            if exc.status in (409, 422):
-                return []
-            raise
+        ops = [{"op": "add", "path": f"/webhooks/{i}/failurePolicy", "value": policy} for i, policy in pending]
+        if not self._patch_config(config, ops):
+            return []
         return [f"{config['webhooks'][i]['name']}={policy}" for i, policy in pending]
 
     # --- the whole step -------------------------------------------------------------------------------
