@@ -85,6 +85,7 @@ def wrk(url: str, lua: Path | None, seconds: int, connections: int) -> dict[str,
         stats[f"p{pct}"] = _ms(re.search(rf"\s{pct}(?:\.000)?%\s+(\S+)", out).group(1))  # type: ignore[union-attr]
     non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     stats["errors"] = float(non2xx.group(1)) if non2xx else 0.0
+    stats["socket_errors"] = float("Socket errors" in out)
     return stats
 
 
