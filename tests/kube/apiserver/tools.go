@@ -1,0 +1,9 @@
+//go:build tools
+
+// Package tools pins the Kubernetes commands this module builds: `go build k8s.io/kubernetes/cmd/kube-apiserver` and `cmd/kubelet`.
+package tools
+
+import (
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kubelet"
+)
