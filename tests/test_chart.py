@@ -355,9 +355,22 @@ def test_control_plane_namespaces_are_excluded_whatever_the_values_say() -> None
         assert excluded == ["kube-system", "kube-public", "kube-node-lease", "legacy-team", "flyte"]
 
 
+def _render_umbrella(umbrella: Path, values: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    manifests = helm.Chart.load(umbrella).render(values, name="platform", namespace="flyte", is_install=True)
+    objects = {}
+    for path, text in manifests.items():
+        if not path.endswith("NOTES.txt"):
+            for doc in yaml.safe_load_all(text):
+                if doc:
+                    objects[f"{doc['kind']}/{doc['metadata']['name']}"] = doc
+    return objects
+
+
 def test_usable_as_a_dependency_of_an_umbrella_chart(tmp_path: Path) -> None:
-    """A platform chart that depends on this one, its values under the dependency's name and a `global`
-    block (which Helm hands every subchart, so the schema must accept it): the real engine renders both."""
+    """A platform chart that depends on this one behind `condition: copilot-webhook.enabled`, its values
+    under the dependency's name (the condition's key among them, which Helm also validates against our
+    schema, helm/helm#10392) and a `global` block (which Helm hands every subchart): the real engine
+    renders both, and the condition switches the dependency off."""
     umbrella = tmp_path / "platform"
     (umbrella / "charts").mkdir(parents=True)
     shutil.copytree(CHART, umbrella / "charts" / "copilot-webhook")
@@ -366,14 +379,8 @@ def test_usable_as_a_dependency_of_an_umbrella_chart(tmp_path: Path) -> None:
         "dependencies:\n  - name: copilot-webhook\n    version: 0.1.0\n    condition: copilot-webhook.enabled\n"
     )
     (umbrella / "values.yaml").write_text("global:\n  imageRegistry: registry.example.com\n")
-    values = {"copilot-webhook": {"ptrace": {"mode": "drop"}, "replicaCount": 1}}
-    manifests = helm.Chart.load(umbrella).render(values, name="platform", namespace="flyte", is_install=True)
-    objects = {}
-    for path, text in manifests.items():
-        if not path.endswith("NOTES.txt"):
-            for doc in yaml.safe_load_all(text):
-                if doc:
-                    objects[f"{doc['kind']}/{doc['metadata']['name']}"] = doc
+    values = {"copilot-webhook": {"enabled": True, "ptrace": {"mode": "drop"}, "replicaCount": 1}}
+    objects = _render_umbrella(umbrella, values)
     deployment = objects["Deployment/platform-copilot-webhook"]
     assert deployment["spec"]["replicas"] == 1
     assert "PodDisruptionBudget/platform-copilot-webhook" not in objects
@@ -382,6 +389,9 @@ def test_usable_as_a_dependency_of_an_umbrella_chart(tmp_path: Path) -> None:
     for obj in objects.values():
         if obj["kind"] not in CRDS:
             kubernetes_validate.validate(obj, "1.33.0", strict=True)
+    assert _render_umbrella(umbrella, {"copilot-webhook": {"enabled": False}}) == {}
+    with pytest.raises(helm.HelmValuesError, match="enabled"):
+        _render_umbrella(umbrella, {"copilot-webhook": {"enabled": "yes"}})
 
 
 def test_a_deadline_the_api_server_would_not_wait_for_is_refused_at_render() -> None:
