@@ -68,6 +68,25 @@ def test_preview_keeps_its_error_contract_under_fastapi() -> None:
     assert good.headers["content-type"] == "application/json-patch+json"
 
 
+@pytest.mark.parametrize(
+    ("path", "allow"),
+    [
+        ("/openapi.json", "GET, HEAD"),
+        ("/docs", "GET"),
+        ("/docs/oauth2-redirect", "GET"),
+        ("/static-offline-docs/swagger-ui.css", "GET, HEAD"),
+        ("/preview", "POST"),
+    ],
+)
+def test_a_wrong_method_on_the_fastapi_pages_names_what_the_path_takes(path: str, allow: str) -> None:
+    """405's Allow lists the path's own methods (it once said POST for every page: "takes POST, not POST")."""
+    method = "GET" if allow == "POST" else "POST"
+    res = call(APP, method, path)
+    assert res.status_code == 405
+    assert res.headers["allow"] == allow
+    assert res.json() == {"error": f"{path} takes {allow}, not {method}"}
+
+
 def test_the_docs_page_loads_nothing_from_elsewhere() -> None:
     page = call(APP, "GET", "/docs")
     assert page.status_code == 200

@@ -208,6 +208,8 @@ def test_routing_errors() -> None:
     assert call(app, "GET", "/mutate").status_code == 405
     assert call(app, "GET", "/mutate").headers["allow"] == "POST"
     assert call(app, "POST", "/healthz").status_code == 405
+    assert call(app, "POST", "/healthz").headers["allow"] == "GET, HEAD", "a GET endpoint answers HEAD too"
+    assert call(app, "POST", "/healthz").json() == {"error": "/healthz takes GET, HEAD, not POST"}
     missing = call(app, "GET", "/nope")
     assert missing.status_code == 404
     assert "POST /mutate" in missing.json()["error"]

@@ -80,7 +80,10 @@ def _request_error(request: Request, exc: Exception) -> JSONResponse:
 def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, HTTPException)
     if exc.status_code == 405:
-        return _error(405, f"{request.url.path} takes POST, not {request.method}", {"allow": "POST"})
+        # Starlette names the route's methods, from a set (in no fixed order): sorted, so the answer is stable.
+        allowed = (exc.headers or {}).get("Allow", "")
+        allow = ", ".join(sorted(m.strip() for m in allowed.split(",") if m.strip())) or "GET, HEAD"
+        return _error(405, f"{request.url.path} takes {allow}, not {request.method}", {"allow": allow})
     return _error(exc.status_code, str(exc.detail))
 
 

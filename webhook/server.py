@@ -240,7 +240,8 @@ class WebhookApp:
                 "/metrics",
             )
         if scope["method"] != method and not (method == "GET" and scope["method"] == "HEAD"):
-            return error(405, f"{path} takes {method}, not {scope['method']}", [(b"allow", method.encode())])
+            allow = "GET, HEAD" if method == "GET" else method
+            return error(405, f"{path} takes {allow}, not {scope['method']}", [(b"allow", allow.encode())])
         if path == "/healthz":
             return Answer(200, b'{"status":"ok"}')
         if path == "/readyz":
@@ -356,7 +357,7 @@ class MetricsApp:
         if path != "/metrics":
             answer = error(404, f"no endpoint {path}; this port serves GET /metrics only")
         elif scope["method"] not in ("GET", "HEAD"):
-            answer = error(405, f"/metrics takes GET, not {scope['method']}", [(b"allow", b"GET")])
+            answer = error(405, f"/metrics takes GET, HEAD, not {scope['method']}", [(b"allow", b"GET, HEAD")])
         else:
             answer = Answer(200, self.metrics.render(), METRICS_CONTENT_TYPE)
         await _send(send, answer)
