@@ -466,6 +466,67 @@ def test_network_policy_opens_admission_to_all_and_metrics_to_the_scrapers() -> 
     assert {p["port"] for rule in policy["egress"] for p in rule["ports"]} == {53, 443, 6443}
 
 
+def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """A Kubernetes label selector (matchLabels, matchExpressions) applied to a pod's labels."""
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    for requirement in selector.get("matchExpressions") or ():
+        key, operator, values = requirement["key"], requirement["operator"], requirement.get("values") or []
+        held = {
+            "In": key in labels and labels[key] in values,
+            "NotIn": labels.get(key) not in values,
+            "Exists": key in labels,
+            "DoesNotExist": key not in labels,
+        }[operator]
+        if not held:
+            return False
+    return True
+
+
+@pytest.mark.parametrize("host_network", [False, True])
+def test_hook_pods_are_outside_the_webhooks_selectors_and_have_a_network_policy_of_their_own(
+    host_network: bool,
+) -> None:
+    """helm test under networkPolicy.enabled: the verify pod is not held by the webhook's policy (whose
+    egress would deny its call to the pods' target port) nor routed to by the Service, and its own policy
+    lets it reach DNS, the API server and the webhook pods on server.port (the port after the Service's
+    translation, which is what a NetworkPolicy sees)."""
+    values: dict[str, Any] = {"networkPolicy": {"enabled": True}}
+    if host_network:
+        values.update(VARIANTS["host-network"])
+    objects = render(values)
+    port = 10260 if host_network else 8443
+    server = objects["Deployment/cw-copilot-webhook"]["spec"]["template"]["metadata"]["labels"]
+    hook_pods = {
+        "test": objects["Pod/cw-copilot-webhook-verify"]["metadata"]["labels"],
+        "unregister": objects["Job/cw-copilot-webhook-unregister"]["spec"]["template"]["metadata"]["labels"],
+    }
+    webhook_selectors = {
+        "NetworkPolicy": objects["NetworkPolicy/cw-copilot-webhook"]["spec"]["podSelector"],
+        "Service": {"matchLabels": objects["Service/cw-copilot-webhook"]["spec"]["selector"]},
+        "PodDisruptionBudget": objects["PodDisruptionBudget/cw-copilot-webhook"]["spec"]["selector"],
+    }
+    hooks = objects["NetworkPolicy/cw-copilot-webhook-hooks"]["spec"]
+    for component, labels in hook_pods.items():
+        assert labels["copilot-webhook.io/webhook-release"] == "cw-copilot-webhook", "never sent to the webhook"
+        for kind, selector in webhook_selectors.items():
+            assert _selects(selector, server), kind
+            assert not _selects(selector, labels), f"{kind} selects the {component} pod"
+        assert _selects(hooks["podSelector"], labels), component
+    assert not _selects(hooks["podSelector"], server)
+    assert hooks["policyTypes"] == ["Ingress", "Egress"]
+    assert "ingress" not in hooks, "the hook pods take no connections"
+    dns, api_server, webhook = hooks["egress"]
+    assert {p["port"] for p in dns["ports"]} == {53}
+    assert {p["port"] for p in api_server["ports"]} == {443, 6443}
+    assert webhook["ports"] == [{"port": port, "protocol": "TCP"}]
+    if host_network:
+        assert "to" not in webhook, "host-network pods have their nodes' addresses: no pod selector matches them"
+    else:
+        assert [_selects(peer["podSelector"], server) for peer in webhook["to"]] == [True]
+    assert "NetworkPolicy/cw-copilot-webhook-hooks" not in render()
+
+
 def test_prometheus_operator_scrapes_the_plain_http_port() -> None:
     objects = render(VARIANTS["monitoring"])
     monitor = objects["ServiceMonitor/cw-copilot-webhook"]

@@ -19,6 +19,17 @@ app.kubernetes.io/name: {{ .Chart.Name }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
+{{/* Labels of a hook's pod (helm test's verify, uninstall's unregister): the release's, never the webhook's
+     selector, so the Service does not route admission to it, the disruption budget does not count it and
+     the webhook's NetworkPolicy does not hold it (the hooks' own policy does). Takes (dict "context" $
+     "component" "test"). Like the server's own pods, they are never sent to the webhook (its objectSelector). */}}
+{{- define "cw.hookPodLabels" -}}
+app.kubernetes.io/name: {{ printf "%s-%s" .context.Chart.Name .component }}
+app.kubernetes.io/instance: {{ .context.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+copilot-webhook.io/webhook-release: {{ include "cw.fullname" .context }}
+{{- end -}}
+
 {{/* The Secret holding the serving certificate: managed by the server, cert-manager, or the user. */}}
 {{- define "cw.tlsSecret" -}}
 {{- if eq .Values.tls.mode "secret" -}}
