@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from tests import values_table
-from webhook.config import build_settings
+from webhook.config import Settings, build_settings, dump_settings
 from webhook.metrics import Metrics
 
 CHART = Path(__file__).parent.parent / "deploy" / "helm" / "copilot-webhook"
@@ -609,6 +609,38 @@ def test_one_version_everywhere() -> None:
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert {image.rsplit(":", 1)[1] for image in values["imagePuller"]["pullerImages"].values()} == {__version__}
     assert build_settings({}).image_puller.puller_images.docker.endswith(f":{__version__}")
+
+
+# Keys the chart's values and the server's settings share whose defaults differ on purpose, with the reason.
+DIFFERENT_ON_PURPOSE = {
+    "server.metricsPort": "the chart opens the plain-HTTP metrics port for its ServiceMonitor and PodMonitor; a "
+    "server started by hand opens no port it was not asked for",
+}
+
+
+def _leaves(value: Any, prefix: str = "") -> dict[str, Any]:
+    """Dotted key -> value; lists and empty mappings are values."""
+    if not isinstance(value, dict) or not value:
+        return {prefix: value}
+    leaves: dict[str, Any] = {}
+    for key, item in value.items():
+        leaves.update(_leaves(item, f"{prefix}.{key}" if prefix else key))
+    return leaves
+
+
+def test_the_chart_and_the_server_have_one_set_of_defaults() -> None:
+    """A Helm install runs with the chart's defaults, a server started by hand with the settings': every key
+    both have must default alike (values.yaml once had 2 of the server's 4 copilot image globs)."""
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    sections = {field.alias or name for name, field in Settings.model_fields.items()}
+    chart = _leaves({key: value for key, value in values.items() if key in sections})
+    server = _leaves(dump_settings(Settings()))
+    shared = chart.keys() & server.keys()
+    assert len(shared) > 40, "the configuration keys of values.yaml were not found"
+    assert chart.keys() - server.keys() == set(), "values.yaml has configuration keys the server does not know"
+    assert set(DIFFERENT_ON_PURPOSE) <= shared
+    differing = {key: (chart[key], server[key]) for key in sorted(shared) if chart[key] != server[key]}
+    assert set(differing) == set(DIFFERENT_ON_PURPOSE), differing
 
 
 def test_the_configuration_reference_is_generated_from_the_settings_model() -> None:
