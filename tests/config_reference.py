@@ -18,6 +18,7 @@ from webhook.config import Settings
 
 DOC = Path(__file__).parent.parent / "docs" / "configuration.md"
 MARK = "<!-- configuration reference -->"
+_ENTRY = {"imagePuller.registries": "host"}  # what the keys of a mapping of sections are
 
 
 def _allowed(annotation: Any, info: FieldInfo) -> str:
@@ -74,6 +75,10 @@ def _rows(model: type[BaseModel], instance: BaseModel, prefix: str = "") -> list
             continue
         description = (info.description or "").replace("|", "\\|")
         rows.append(f"| `{key}` | {_default(value)} | {_allowed(annotation, info)} | {description} |")
+        held = typing.get_args(annotation)[1] if typing.get_origin(annotation) is dict else None
+        if isinstance(held, type) and issubclass(held, BaseModel):
+            # A mapping of sections (registries: host -> settings): each entry's keys, with their defaults.
+            rows += _rows(held, held(), f"{key}.<{_ENTRY.get(key, 'key')}>.")
     return rows
 
 

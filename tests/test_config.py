@@ -1,10 +1,12 @@
 from __future__ import annotations
 
+import typing
 from pathlib import Path
 
 import pytest
+from pydantic import BaseModel
 
-from webhook.config import build_settings, dump_settings, load_settings
+from webhook.config import Settings, build_settings, dump_settings, load_settings
 from webhook.errors import ConfigError
 
 
@@ -111,3 +113,28 @@ def test_values_derived_from_settings_are_computed_once_and_not_pickled() -> Non
     assert copy == settings
     assert "container_template" not in copy.image_puller.__dict__
     assert copy.image_puller.container_template == puller.container_template
+
+
+def _undescribed(model: type[BaseModel], prefix: str = "") -> list[str]:
+    """Dotted keys of the model's fields without a description, sections (nested models, and the models a
+    mapping holds) walked into rather than described themselves."""
+    missing = []
+    for name, field in model.model_fields.items():
+        key = f"{prefix}{field.alias or name}"
+        annotation = field.annotation
+        if typing.get_origin(annotation) is dict:
+            annotation = typing.get_args(annotation)[1]
+            if not field.description:
+                missing.append(key)
+            key += ".<key>"
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            missing += _undescribed(annotation, key + ".")
+        elif not field.description:
+            missing.append(key)
+    return missing
+
+
+def test_every_settings_field_has_its_description() -> None:
+    """docs/configuration.md is generated from these descriptions (the field docstrings): a row without one
+    tells the reader nothing."""
+    assert _undescribed(Settings) == []

@@ -161,19 +161,27 @@ class PullerImages(_PerFlavour):
     """One image carries the docker CLI and crictl; a flavour may name its own."""
 
     docker: str = Field(default=PULLER_IMAGE, min_length=1)
+    """The puller's image on Docker nodes."""
     containerd: str = Field(default=PULLER_IMAGE, min_length=1)
+    """The puller's image on containerd nodes."""
     cri_o: str = Field(default=PULLER_IMAGE, alias="cri-o", min_length=1)
+    """The puller's image on CRI-O nodes."""
 
 
 class Sockets(_PerFlavour):
     docker: str = Field(default="/var/run/docker.sock", pattern="^/")
+    """The Docker Engine's socket on the node, mounted into the puller."""
     containerd: str = Field(default="/run/containerd/containerd.sock", pattern="^/")
+    """containerd's socket on the node, mounted into the puller."""
     cri_o: str = Field(default="/var/run/crio/crio.sock", alias="cri-o", pattern="^/")
+    """CRI-O's socket on the node, mounted into the puller."""
 
 
 class Quantities(_Section):
     cpu: str | None = None
+    """The puller container's CPU, a Kubernetes quantity (10m, 0.5); none leaves it unset."""
     memory: str | None = None
+    """The puller container's memory, a Kubernetes quantity (32Mi); none leaves it unset."""
 
     @field_validator("cpu", "memory")
     @classmethod
@@ -195,9 +203,12 @@ class RegistrySettings(_Section):
     """A registry the puller pulls from inside the pod (containerd nodes): one only the pod network
     reaches, such as an in-cluster registry Service."""
 
-    ca: str | None = Field(default=None, description="PEM CA bundle that signs the registry's certificate")
-    plain_http: bool = False  # explicit opt-in, with a warning
-    skip_verify: bool = False  # explicit opt-in, with a warning
+    ca: str | None = None
+    """PEM CA bundle that signs the registry's certificate."""
+    plain_http: bool = False
+    """Pull over plain HTTP (an explicit opt-in, with a warning)."""
+    skip_verify: bool = False
+    """Do not verify the registry's certificate (an explicit opt-in, with a warning)."""
 
     @field_validator("ca")
     @classmethod
