@@ -2,9 +2,13 @@
 
 `busybox`, `library/busybox` and `docker.io/library/busybox:latest` are one image: a first path part that
 has no `.` or `:` and is not `localhost` is a Docker Hub path; Hub images without a namespace live under
-`library/`; a reference without tag or digest means `:latest`. Written here rather than imported: the
-webhook uses it to de-duplicate, the puller image (standard library and grpcio only) to route and match
-credentials, and the rules fit in this module.
+`library/`; a reference without tag or digest means `:latest`. Of Docker Hub's other names only
+`index.docker.io`, spelled exactly so, becomes `docker.io` (the library's legacyDefaultDomain):
+`registry-1.docker.io/x` is another name to containerd's CRI and to dockerd (an image tagged under it is
+not found as `docker.io/x`, nor the other way round), so it is kept as written.
+
+Written here rather than imported: the webhook uses it to de-duplicate, the puller image (standard library
+and grpcio only) to de-duplicate, route and match credentials, and the rules fit in this module.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from typing import NamedTuple
 from webhook.errors import InvalidReference
 
 DOCKER_HUB = "docker.io"
-HUB_ALIASES = frozenset({"docker.io", "index.docker.io", "registry-1.docker.io"})
+LEGACY_HUB = "index.docker.io"  # distribution/reference's legacyDefaultDomain: the only alias it maps
 # distribution/reference's grammar, reduced to what decides validity: lowercase path components,
 # an optional :tag, an optional @algorithm:hex digest.
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
@@ -60,7 +64,7 @@ def parse(text: str) -> Reference:
             raise InvalidReference(f"invalid image reference {text[:80]!r}: repository name must be lowercase")
         path = f"{domain}/{path}" if domain else path
         domain = DOCKER_HUB
-    elif domain.lower() in HUB_ALIASES:
+    elif domain == LEGACY_HUB:
         domain = DOCKER_HUB
     if domain == DOCKER_HUB and "/" not in path:
         path = f"library/{path}"

@@ -26,9 +26,10 @@ from dataclasses import dataclass
 from types import FrameType
 
 from webhook.errors import InvalidReference
-from webhook.pull.clients import Client, CRIClient, DockerClient, NativeClient
+from webhook.pull.clients import Client, CRIClient, DockerClient
 from webhook.pull.errors import Cancelled, PullError
 from webhook.pull.keyring import Credential, Keyring
+from webhook.pull.native import NativeClient
 from webhook.references import parse
 
 RESULTS = ("present", "pulled", "failed", "cancelled")
@@ -86,8 +87,8 @@ class Puller:
                 return outcome("present")
             credentials: list[Credential | None] = [*self.keyring.lookup(reference), None]  # matches, anonymous
             return outcome(*self._retried(client, text, credentials, attempts))
-        except Cancelled:
-            return outcome("cancelled")
+        except Cancelled:  # SIGTERM, or the deadline cancelled the calls in flight
+            return outcome("cancelled") if self.stop.is_set() else outcome("failed", "timed out")
         except PullError as exc:
             return outcome("failed", exc.message)
 
@@ -122,6 +123,7 @@ class Puller:
 
     def run(self, images: list[str], parallel: int) -> list[Outcome]:
         outcomes: dict[int, Outcome] = {}
+        cancelled = False
         with ThreadPoolExecutor(max_workers=min(parallel, len(images))) as pool:
             futures: dict[Future[Outcome], int] = {pool.submit(self.one, image): i for i, image in enumerate(images)}
             pending = set(futures)
@@ -129,7 +131,10 @@ class Puller:
                 done, pending = wait(pending, timeout=0.1, return_when=FIRST_COMPLETED)
                 for future in done:
                     outcomes[futures[future]] = future.result()
-                if self.stop.is_set():
+                # The deadline is the run's, whatever a client's own timeouts do: a socket timeout bounds one
+                # read, and a runtime that keeps streaming progress never lets it expire.
+                if not cancelled and (self.stop.is_set() or self._remaining() <= 0):
+                    cancelled = True
                     for client in self.clients.values():
                         client.cancel()
         return [outcomes[i] for i in range(len(images))]
@@ -168,7 +173,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--timeout, --retries and --parallel must be positive")
     if args.pod_network_registry and args.runtime != "cri":
         parser.error("--pod-network-registry needs --runtime=cri (containerd)")
-    images = list(dict.fromkeys(args.images))
+    if args.pull_secrets is not None and not os.path.isdir(args.pull_secrets):
+        what = "not a directory" if os.path.exists(args.pull_secrets) else "no such directory"
+        parser.error(f"--pull-secrets {args.pull_secrets}: {what} (the pod's pull secrets volume)")
+    images = distinct(args.images)
     if not images:
         print("summary present=0 pulled=0 failed=0 cancelled=0: no images to pull", flush=True)
         return 0
@@ -189,6 +197,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     for outcome in outcomes:
         print(outcome.line(), flush=True)
     return _summary(outcomes, args.failure_policy)
+
+
+def distinct(images: list[str]) -> list[str]:
+    """The images in order, each once however it is spelled (`busybox` and `docker.io/library/busybox:latest`
+    are one pull), as first written; an invalid reference stays, to be reported."""
+    seen: dict[str, str] = {}
+    for image in images:
+        try:
+            key = str(parse(image))
+        except InvalidReference:
+            key = image
+        seen.setdefault(key, image)
+    return list(seen.values())
 
 
 def _clients(args: argparse.Namespace) -> tuple[dict[str, Client], dict[str, str]]:

@@ -4,9 +4,7 @@
   `AuthConfig`), what the kubelet and crictl call; served by containerd, CRI-O and cri-dockerd alike.
 - `docker`: the Docker Engine API over its unix socket (`GET /images/{name}/json`,
   `POST /images/create` with `X-Registry-Auth`), what `docker image inspect` and `docker pull` call.
-- `native`: containerd's own client `ctr -n k8s.io images pull` (Debian's), which fetches from inside
-  the pod, so registries only the pod network reaches (an in-cluster Service) work; the image lands in
-  the `k8s.io` namespace, where the kubelet's CRI finds it. The reference follows `--`.
+- `native` (native.py): containerd's own client `ctr`, for registries only the pod network reaches.
 
 The CRI messages are encoded by hand (a few length-delimited fields) instead of generated stubs: field
 numbers from kubernetes/cri-api pkg/apis/runtime/v1/api.proto (ImageSpec.image = 1; PullImageRequest.image
@@ -21,8 +19,8 @@ import contextlib
 import http.client
 import json
 import socket
-import subprocess
 import threading
+from collections.abc import Iterator
 from typing import Protocol
 from urllib.parse import quote
 
@@ -30,7 +28,8 @@ import grpc
 
 from webhook.pull.errors import Cancelled, PullError
 from webhook.pull.keyring import Credential
-from webhook.references import parse
+
+BODY_LIMIT = 64 * 1024  # bytes of an answer's body, or of one line of a stream, ever held: Docker's are a line
 
 
 class Client(Protocol):
@@ -142,9 +141,12 @@ class DockerClient:
         self._lock = threading.Lock()
         self._cancelled = False
 
-    def _request(
+    @contextlib.contextmanager
+    def _exchange(
         self, method: str, url: str, timeout: float, headers: dict[str, str] | None = None
-    ) -> tuple[int, bytes]:
+    ) -> Iterator[http.client.HTTPResponse]:
+        """One request and its response, read inside the block: whatever the socket answers (garbage, a
+        response cut short, the connection shut by cancel()) ends as PullError or Cancelled."""
         connection = _UnixConnection(self._path, timeout)
         with self._lock:
             if self._cancelled:
@@ -152,44 +154,51 @@ class DockerClient:
             self._open.add(connection)
         try:
             connection.request(method, self.API + url, headers=headers or {})
-            response = connection.getresponse()
-            return response.status, response.read()
-        except TimeoutError:
-            raise PullError("timed out", permanent=True) from None
-        except OSError as exc:
+            yield connection.getresponse()
+        except (OSError, http.client.HTTPException) as exc:
             if self._cancelled:
                 raise Cancelled from None
-            raise PullError(f"docker socket {self._path}: {exc}") from None
+            if isinstance(exc, TimeoutError):
+                raise PullError("timed out", permanent=True) from None
+            if isinstance(exc, OSError):
+                raise PullError(f"docker socket {self._path}: {exc}") from None
+            raise PullError(f"docker socket {self._path}: not an HTTP answer ({type(exc).__name__}: {exc})") from None
         finally:
             with self._lock:
                 self._open.discard(connection)
             connection.close()
 
     def present(self, reference: str, timeout: float) -> bool:
-        status, body = self._request("GET", f"/images/{quote(reference, safe='/:@')}/json", timeout)
-        if status == 404:
-            return False
-        if status != 200:
-            raise PullError(_message(body, status))
-        return True
+        with self._exchange("GET", f"/images/{quote(reference, safe='/:@')}/json", timeout) as response:
+            if response.status == 404:
+                return False
+            if response.status != 200:
+                raise PullError(_message(response.read(BODY_LIMIT), response.status))
+            return True  # the inspection itself is not needed: it is not read
 
     def pull(self, reference: str, credential: Credential | None, timeout: float) -> None:
         headers = {}
         if credential is not None:
             auth = {"username": credential.username, "password": credential.password, "serveraddress": credential.key}
             headers["X-Registry-Auth"] = base64.urlsafe_b64encode(json.dumps(auth).encode()).decode()
-        status, body = self._request("POST", f"/images/create?fromImage={quote(reference, safe='')}", timeout, headers)
-        if status != 200:
-            raise PullError(_message(body, status), permanent=True if status == 404 else None)
-        # A pull that fails midway still answers 200; the error is the stream's last message.
-        for line in reversed(body.splitlines()):
-            try:
-                message = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(message, dict) and message.get("error"):
-                raise PullError(str(message["error"]))
-            break
+        url = f"/images/create?fromImage={quote(reference, safe='')}"
+        with self._exchange("POST", url, timeout, headers) as response:
+            if response.status != 200:
+                body = response.read(BODY_LIMIT)
+                raise PullError(_message(body, response.status), permanent=True if response.status == 404 else None)
+            last = _last_line(response)
+        if self._cancelled:  # the stream ended because cancel() shut the socket, not because the pull did
+            raise Cancelled
+        # A pull that fails midway still answers 200; the error is the stream's last message, and a pull that
+        # succeeded ends with a status: anything else is not dockerd's answer.
+        try:
+            message = json.loads(last)
+        except (ValueError, RecursionError):
+            message = None
+        if not isinstance(message, dict):
+            raise PullError(f"docker socket {self._path}: the pull's answer ended without a status")
+        if message.get("error"):
+            raise PullError(str(message["error"]))
 
     def cancel(self) -> None:
         with self._lock:
@@ -200,66 +209,19 @@ class DockerClient:
                         connection.sock.shutdown(socket.SHUT_RDWR)
 
 
+def _last_line(response: http.client.HTTPResponse) -> bytes:
+    """The last non-empty line of a progress stream, holding one line at a time: a pull streams a message
+    per layer and per update, and a socket that never stops must not grow the puller's memory."""
+    last = b""
+    while line := response.readline(BODY_LIMIT):
+        if line.strip():
+            last = line
+    return last
+
+
 def _message(body: bytes, status: int) -> str:
     try:
         data = json.loads(body)
         return str(data.get("message") or data) if isinstance(data, dict) else f"HTTP {status}"
-    except ValueError:
+    except (ValueError, RecursionError):
         return f"HTTP {status}: {body[:200].decode(errors='replace')}"
-
-
-class NativeClient:
-    """`ctr` for registries the pod network reaches; presence is asked of the CRI on the same socket."""
-
-    def __init__(self, socket_path: str, cri: CRIClient, options: dict[str, list[str]], cas: dict[str, str]) -> None:
-        self._socket = socket_path
-        self._cri = cri
-        self._options = options  # registry -> extra ctr flags (--plain-http, --skip-verify)
-        self._cas = cas  # registry -> CA bundle (PEM), handed to ctr on its standard input
-        self._running: set[subprocess.Popen[bytes]] = set()
-        self._lock = threading.Lock()
-        self._cancelled = False
-
-    def present(self, reference: str, timeout: float) -> bool:
-        return self._cri.present(reference, timeout)
-
-    def pull(self, reference: str, credential: Credential | None, timeout: float) -> None:
-        registry = parse(reference).registry
-        command = ["ctr", "--address", self._socket, "--namespace", "k8s.io", "images", "pull"]
-        command += self._options.get(registry, [])
-        ca = self._cas.get(registry)
-        if ca is not None:
-            command += ["--tlscacert", "/dev/stdin"]
-        if credential is not None:
-            command += ["--user", f"{credential.username}:{credential.password}"]
-        command += ["--", reference]
-        with self._lock:
-            if self._cancelled:
-                raise Cancelled
-            try:
-                process = subprocess.Popen(
-                    command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-                )
-            except OSError as exc:
-                raise PullError(f"cannot run ctr: {exc.strerror}", permanent=True) from None
-            self._running.add(process)
-        try:
-            output, _ = process.communicate((ca or "").encode(), timeout=timeout)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-            raise PullError("timed out", permanent=True) from None
-        finally:
-            with self._lock:
-                self._running.discard(process)
-        if self._cancelled:
-            raise Cancelled
-        if process.returncode != 0:
-            lines = [line for line in output.decode(errors="replace").splitlines() if line.startswith("ctr: ")]
-            raise PullError(lines[-1][5:] if lines else f"ctr exited {process.returncode}")
-
-    def cancel(self) -> None:
-        with self._lock:
-            self._cancelled = True
-            for process in self._running:
-                process.kill()

@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import NamedTuple
 from urllib.parse import urlsplit
 
-from webhook.references import DOCKER_HUB, HUB_ALIASES, Reference
+from webhook.references import DOCKER_HUB, LEGACY_HUB, Reference
+
+SECRET_LIMIT = 1024 * 1024  # the API server's limit on a Secret's data: no pull secret is larger
 
 
 class Credential(NamedTuple):
@@ -27,7 +29,7 @@ class Credential(NamedTuple):
 def _split(key: str) -> tuple[str, str]:
     parts = urlsplit(key if "://" in key else f"https://{key}")
     host = (parts.hostname or "") + (f":{parts.port}" if parts.port else "")
-    if host in HUB_ALIASES:
+    if host == LEGACY_HUB:  # the kubelet's defaultRegistryHost: its credentials serve docker.io's images
         host = DOCKER_HUB
     path = parts.path.strip("/")
     if host == DOCKER_HUB and path == "v1":  # https://index.docker.io/v1/ means all of Docker Hub
@@ -57,16 +59,11 @@ class Keyring:
         files = sorted(p for p in Path(directory).iterdir() if p.is_file()) if directory else []
         for path in files:
             try:
-                data = json.loads(path.read_bytes())
-                auths = data.get("auths", data) if isinstance(data, dict) else None
-                if not isinstance(auths, dict):
-                    raise ValueError("no auths object")
-                for key, entry in auths.items():
-                    credential = _credential(str(key), entry)
-                    if credential is not None:
-                        entries.append(credential)
+                entries += _credentials(path)
             except (OSError, ValueError) as exc:
                 problems.append(f"pull secret {path.name} ignored: {exc}")
+            except RecursionError:  # the API server stores JSON nested deeper than Python's parser recurses
+                problems.append(f"pull secret {path.name} ignored: nested too deeply to read")
         return cls(entries), problems
 
     def lookup(self, reference: Reference) -> list[Credential]:
@@ -79,6 +76,19 @@ class Keyring:
                 continue
             matches.append((-(len(host) + len(path)), order, credential))
         return [credential for *_rank, credential in sorted(matches)]
+
+
+def _credentials(path: Path) -> list[Credential]:
+    with path.open("rb") as file:
+        data = file.read(SECRET_LIMIT + 1)
+    if len(data) > SECRET_LIMIT:
+        raise ValueError(f"larger than {SECRET_LIMIT} bytes, more than a Secret holds")
+    document = json.loads(data)
+    auths = document.get("auths", document) if isinstance(document, dict) else None
+    if not isinstance(auths, dict):
+        raise ValueError("no auths object")
+    found = (_credential(str(key), entry) for key, entry in auths.items())
+    return [credential for credential in found if credential is not None]
 
 
 def _credential(key: str, entry: object) -> Credential | None:
