@@ -118,7 +118,7 @@ def test_metrics_on_a_plain_http_port_of_their_own(tmp_path: Path, tls_dir: Path
         plain = httpx.Client(base_url=f"http://127.0.0.1:{metrics_port}", timeout=5)
         scraped = plain.get("/metrics")
         assert scraped.status_code == 200
-        assert 'copilot_webhook_requests_total{endpoint="/healthz",result="ok"} 1.0' in scraped.text
+        assert 'copilot_webhook_requests_total{path="/healthz",result="ok"} 1.0' in scraped.text
         assert plain.post("/metrics").status_code == 405
         refused = plain.post("/mutate", json={})
         assert refused.status_code == 404

@@ -233,9 +233,9 @@ def test_health_readiness_and_metrics() -> None:
     post_json(app, "/mutate", review(pod("plain.yaml")))
     call(app, "POST", "/mutate", b"nope", content_type="application/json")
     text = call(app, "GET", "/metrics").text
-    assert 'copilot_webhook_requests_total{endpoint="/mutate",result="patched"} 1.0' in text
-    assert 'copilot_webhook_requests_total{endpoint="/mutate",result="unchanged"} 1.0' in text
-    assert 'copilot_webhook_requests_total{endpoint="/mutate",result="bad_request"} 1.0' in text
+    assert 'copilot_webhook_requests_total{path="/mutate",result="patched"} 1.0' in text
+    assert 'copilot_webhook_requests_total{path="/mutate",result="unchanged"} 1.0' in text
+    assert 'copilot_webhook_requests_total{path="/mutate",result="bad_request"} 1.0' in text
     assert 'copilot_webhook_mutations_total{kind="ptrace",mode="enforce",reason="add"} 1.0' in text
     assert 'copilot_webhook_skips_total{kind="ptrace",reason="not-copilot"} 1.0' in text
-    assert 'copilot_webhook_request_duration_seconds_bucket{endpoint="/mutate",le="0.001"}' in text
+    assert 'copilot_webhook_request_duration_seconds_bucket{le="0.001",path="/mutate"}' in text

@@ -51,14 +51,16 @@ class Metrics:
         self.registry = CollectorRegistry()
         self.requests = Counter(
             "copilot_webhook_requests",
-            "HTTP requests by endpoint and result.",
-            ["endpoint", "result"],
+            "HTTP requests by path and result.",
+            # Not "endpoint": the Prometheus operator's target label of that name (the scraped port's) would
+            # rename ours exported_endpoint, and every query on it would read the port instead.
+            ["path", "result"],
             registry=self.registry,
         )
         self.latency = Histogram(
             "copilot_webhook_request_duration_seconds",
             "Time from the first byte of a request to the last byte of its answer.",
-            ["endpoint"],
+            ["path"],
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
