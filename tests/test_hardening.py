@@ -1,6 +1,7 @@
 """The server as an attacker or a bad day in production meets it: garbage configuration files, hostile
-preview bodies, silent and slow clients, too many connections, signals under load, a revoked client CA,
-and request targets no API server sends. Every case ends with the server still serving."""
+preview bodies, silent and slow clients, trickled and oversized headers, websocket upgrades, too many
+connections, signals under load, a revoked client CA, and request targets no API server sends, on the
+admission port and the plain metrics port alike. Every case ends with the server still serving."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from certs.authority import KeyPair, generate_ca, issue_serving
 from tests.asgi import call, post_json
-from tests.server_process import Server, client_context, running_server
+from tests.server_process import Server, client_context, free_port, running_server
 from tests.support import GOLDEN, eventually, load_yaml, pod, review
 from webhook.config import build_settings
 from webhook.server import WebhookApp
@@ -41,7 +42,7 @@ def _tls(server: Server, timeout: float = 5) -> ssl.SSLSocket:
         raise
 
 
-def _read_answer(conn: ssl.SSLSocket) -> bytes:
+def _read_answer(conn: socket.socket) -> bytes:
     """One whole HTTP answer (headers and a Content-Length body), or what came before EOF."""
     data = b""
     while b"\r\n\r\n" not in data:
@@ -201,9 +202,17 @@ LIMITS = "server:\n  deadlineSeconds: 0.5\n  idleTimeoutSeconds: 0.5\n  maxConne
 
 
 @pytest.fixture(scope="module")
-def server(tls_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    with running_server(tls_dir, tmp_path_factory.mktemp("hardening"), config=LIMITS) as running:
-        yield running
+def hardened(tls_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, int]]:
+    """The server with short limits, and its plain-HTTP metrics port."""
+    metrics_port = free_port()
+    config = LIMITS + f"  metricsPort: {metrics_port}\n"
+    with running_server(tls_dir, tmp_path_factory.mktemp("hardening"), config=config) as running:
+        yield running, metrics_port
+
+
+@pytest.fixture(scope="module")
+def server(hardened: tuple[Server, int]) -> Server:
+    return hardened[0]
 
 
 def test_a_body_that_never_starts_is_answered_408(server: Server) -> None:
@@ -242,6 +251,156 @@ def test_connections_over_the_bound_are_closed_and_the_others_served(server: Ser
     with server.client() as client:
         assert eventually(lambda: client.get("/healthz").status_code == 200)
     assert "over server.maxConnections (8)" in server.output()
+
+
+# --- heads and upgrades, on both ports --------------------------------------------------------------------------
+
+PORTS = ["admission", "metrics"]
+
+
+def _open(hardened: tuple[Server, int], port: str, timeout: float = 5) -> socket.socket:
+    server, metrics_port = hardened
+    if port == "admission":
+        return _tls(server, timeout)
+    return socket.create_connection(("127.0.0.1", metrics_port), timeout=timeout)
+
+
+def _trickle(conn: socket.socket, seconds: float) -> tuple[bytes, float | None]:
+    """One byte every 0.2 s (closer together than the 0.5 s idle timeout) until the server answers and
+    closes: what it answered, and after how long it closed (None: still open after `seconds`)."""
+    conn.settimeout(0.2)
+    started = time.monotonic()
+    answer = b""
+    while time.monotonic() - started < seconds:
+        try:
+            conn.sendall(b"a")
+            chunk = conn.recv(65536)
+        except TimeoutError:
+            continue
+        except OSError:  # reset: the server closed while bytes were still arriving
+            return answer, time.monotonic() - started
+        if not chunk:
+            return answer, time.monotonic() - started
+        answer += chunk
+    return answer, None
+
+
+@pytest.mark.parametrize("port", PORTS)
+def test_headers_begun_and_never_finished_are_answered_408(hardened: tuple[Server, int], port: str) -> None:
+    """The first byte of a request stops the idle timer; the head must then arrive within the deadline."""
+    with _open(hardened, port) as conn:
+        conn.sendall(b"GET /metrics HTTP/1.1\r\nhost: x\r\nx-slow: a")
+        started = time.monotonic()
+        answer = _read_answer(conn)
+        elapsed = time.monotonic() - started
+    assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+    assert b"connection: close" in answer
+    assert b"request headers not received within server.deadlineSeconds (0.5 s)" in answer
+    assert elapsed < 2
+
+
+@pytest.mark.parametrize("port", PORTS)
+def test_headers_trickled_a_byte_at_a_time_meet_the_same_deadline(hardened: tuple[Server, int], port: str) -> None:
+    """Each byte used to restart nothing and end nothing: 16 such connections locked Prometheus out."""
+    with _open(hardened, port) as conn:
+        conn.sendall(b"GET /metrics HTTP/1.1\r\nX: ")
+        answer, closed_after = _trickle(conn, 8)
+    assert closed_after is not None, "still open after 8 s of trickled headers"
+    assert closed_after < 2
+    assert answer == b"" or answer.startswith(b"HTTP/1.1 408"), answer[:200]
+
+
+@pytest.mark.parametrize("port", PORTS)
+def test_a_body_trickled_after_the_answer_meets_the_deadline_too(hardened: tuple[Server, int], port: str) -> None:
+    """GET /metrics reads no body, so the answer goes at once; the declared body, trickled after it, used to
+    hold the connection as long as it kept coming."""
+    with _open(hardened, port) as conn:
+        conn.sendall(b"GET /metrics HTTP/1.1\r\nhost: x\r\ncontent-length: 100000\r\n\r\n")
+        assert _read_answer(conn).startswith(b"HTTP/1.1 200")
+        _, closed_after = _trickle(conn, 8)
+    assert closed_after is not None, "still open after 8 s of a trickled body"
+    assert closed_after < 2
+
+
+HEADS = {
+    "200 small headers": b"a: b\r\n" * 200,
+    "one header of 100 KB": b"x-big: " + b"a" * 100_000 + b"\r\n",
+    "a target of 100 KB": b"",
+}
+
+
+@pytest.mark.parametrize("port", PORTS)
+@pytest.mark.parametrize("shape", sorted(HEADS))
+def test_a_head_over_the_bounds_is_answered_431(hardened: tuple[Server, int], port: str, shape: str) -> None:
+    target = b"/metrics?" + b"a" * 100_000 if shape.startswith("a target") else b"/metrics"
+    with _open(hardened, port) as conn:
+        conn.sendall(b"GET " + target + b" HTTP/1.1\r\nhost: x\r\n" + HEADS[shape] + b"\r\n")
+        answer = _read_answer(conn)
+    assert answer.startswith(b"HTTP/1.1 431"), answer[:200]
+    assert b"connection: close" in answer
+    assert b'"error":"request headers over' in answer
+    with _open(hardened, port) as conn:
+        conn.sendall(b"GET /metrics HTTP/1.1\r\nhost: x\r\n" + b"a: b\r\n" * 90 + b"x: " + b"a" * 20_000 + b"\r\n\r\n")
+        assert _read_answer(conn).startswith(b"HTTP/1.1 200"), "a head within the bounds is served"
+
+
+def _status_kb(pid: int, field: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise AssertionError(f"no {field}")
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads the server's peak RSS from /proc")
+def test_megabytes_of_headers_cost_the_server_no_memory(tls_dir: Path, tmp_path: Path) -> None:
+    """4 MB of tiny headers cost 97 MB of RSS each; three at once went past the chart's 256 Mi limit."""
+    flood = b"GET /healthz HTTP/1.1\r\nhost: x\r\n" + b"a:b\r\n" * 800_000 + b"\r\n"
+    answers: list[bytes] = []
+
+    def send(fresh: Server) -> None:
+        with _tls(fresh, timeout=30) as conn:
+            try:
+                conn.sendall(flood)
+                answers.append(_read_answer(conn))
+            except OSError:
+                answers.append(b"")  # closed while the flood was still being written: refused all the same
+
+    with running_server(tls_dir, tmp_path / "srv") as fresh, fresh.client() as client:
+        assert client.get("/healthz").status_code == 200
+        peak_before = _status_kb(fresh.process.pid, "VmHWM")
+        threads = [threading.Thread(target=send, args=(fresh,)) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        peak_after = _status_kb(fresh.process.pid, "VmHWM")
+        assert client.get("/healthz").status_code == 200
+    assert len(answers) == 3
+    assert all(a == b"" or a.startswith(b"HTTP/1.1 431") for a in answers), [a[:100] for a in answers]
+    assert peak_after - peak_before < 20_000, f"peak RSS grew from {peak_before} KB to {peak_after} KB"
+
+
+WEBSOCKET = (
+    b"GET /metrics HTTP/1.1\r\nhost: x\r\nupgrade: websocket\r\nconnection: Upgrade\r\n"
+    b"sec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\nsec-websocket-version: 13\r\n\r\n"
+)
+
+
+@pytest.mark.parametrize("port", PORTS)
+def test_a_websocket_upgrade_is_declined_without_an_error(hardened: tuple[Server, int], port: str) -> None:
+    """No endpoint speaks websocket: the request is answered as plain HTTP (a server may ignore Upgrade), and
+    the connection closes after it. It used to be upgraded, then answered 500 with an ERROR line."""
+    server = hardened[0]
+    with _open(hardened, port) as conn:
+        conn.sendall(WEBSOCKET)
+        answer = _read_answer(conn)
+        assert conn.recv(1) == b"", "the connection closes after the answer"
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+    assert b"connection: close" in answer
+    log = server.output()
+    assert "handshake" not in log
+    assert "upgrade" not in log.lower()
+    assert " ERROR " not in log
 
 
 def test_admission_is_answered_while_a_preview_runs_and_a_second_preview_is_told_to_retry(server: Server) -> None:

@@ -1,10 +1,18 @@
 """HTTP connections under uvicorn, with the limits an admission webhook needs.
 
-uvicorn's httptools protocol, plus three things it lacks:
+uvicorn's httptools protocol, plus what it lacks:
 - a bound on open connections (`server.maxConnections`): one over the bound is closed as soon as its TLS
   handshake completes, before it can hold a request's worth of memory;
 - a time limit before the first request (`server.idleTimeoutSeconds`): uvicorn arms its keep-alive timer
   only after a response, so a connection that never sends anything was held forever;
+- a deadline for the head (`server.deadlineSeconds` from its first byte, answered 408): the first byte
+  stops the idle timer and the body's deadline starts after the head, so headers trickled a byte at a
+  time held a connection forever. A body still arriving after its answer was sent (a page that reads
+  none) meets the same deadline, then the connection is closed;
+- bounds on the head (431 past MAX_HEAD_BYTES or MAX_HEADER_FIELDS): httptools takes any number of
+  headers of any size, and 4 MB of tiny ones cost 97 MB of memory;
+- no protocol upgrades: no endpoint speaks websocket, so a request asking for one is answered as plain
+  HTTP (a server may ignore Upgrade) and its connection closed after the answer, without a log line;
 - draining: once the server shuts down, every answer says `Connection: close`, and a connection with no
   request in flight gets a short grace to deliver one it may already have sent, instead of the immediate
   close that made clients lose the request they had just written on an idle keep-alive connection.
@@ -14,16 +22,31 @@ router can refuse it: the API server only ever sends origin-form targets.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
 from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+import httptools
+import orjson
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 log = logging.getLogger(__name__)
 
 CLOSE_GRACE_SECONDS = 0.5  # how long an idle connection may still deliver a request once shutdown starts
+# The API server sends a few hundred bytes of headers; a browser on /docs a few KB. nginx's default
+# buffers hold 32 KB, Apache takes 100 fields.
+MAX_HEAD_BYTES = 32 * 1024  # the request line and headers
+MAX_HEADER_FIELDS = 100
+# After a 408 or 431 the connection still reads (and drops) for this long before it closes, so a client
+# still writing reads the answer rather than a reset.
+LINGER_SECONDS = 0.5
+_TICK = 0.1  # how often the deadlines are checked, while any is running
+
+
+class HeadTooLarge(Exception):
+    """Raised from a parser callback, to stop httptools at once."""
 
 
 class Limits:
@@ -35,31 +58,71 @@ class Limits:
         idle_timeout: float,
         on_refused: Callable[[], None] = lambda: None,
         name: str = "server.maxConnections",
+        deadline: float = 2.0,
     ) -> None:
         self.max_connections = max_connections
         self.name = name
         self.on_refused = on_refused
         self.idle_timeout = idle_timeout
+        self.deadline = deadline  # server.deadlineSeconds: for a head, from its first byte
         self.draining = False
         self.refused = 0
-        self._last_warning = 0.0
+        self.late = Deadlines()
+        self._warned: dict[str, float] = {}
 
     def refuse(self, open_connections: int) -> None:
         self.refused += 1
         self.on_refused()
+        self.warn(
+            "connection",
+            "connection closed: %d open, over %s (%d); %d refused so far",
+            open_connections,
+            self.name,
+            self.max_connections,
+            self.refused,
+        )
+
+    def warn(self, kind: str, message: str, *args: object) -> None:
+        """One line per kind per 10 s, however hard a client pushes."""
         now = time.monotonic()
-        if now - self._last_warning > 10:  # one line per 10 s, however hard a client pushes
-            self._last_warning = now
-            log.warning(
-                "connection closed: %d open, over %s (%d); %d refused so far",
-                open_connections,
-                self.name,
-                self.max_connections,
-                self.refused,
-            )
+        if now - self._warned.get(kind, 0.0) > 10:
+            self._warned[kind] = now
+            log.warning(message, *args)
 
     def readiness(self) -> str | None:
         return "shutting down: draining connections" if self.draining else None
+
+
+class Deadlines:
+    """Connections that owe bytes by a time, kept by one watchdog rather than a timer per request: a head
+    that arrives whole in one read (every request the API server sends) never gets here."""
+
+    def __init__(self) -> None:
+        self._due: dict[_LimitedProtocol, float] = {}
+        self._armed = False
+
+    def start(self, conn: _LimitedProtocol, seconds: float) -> None:
+        self._due[conn] = time.monotonic() + seconds
+        if not self._armed:
+            self._armed = True
+            conn.loop.call_later(_TICK, self._check, conn.loop)
+
+    def stop(self, conn: _LimitedProtocol) -> bool:
+        """Whether `conn` had a deadline running."""
+        return self._due.pop(conn, None) is not None
+
+    def __contains__(self, conn: object) -> bool:
+        return conn in self._due
+
+    def _check(self, loop: asyncio.AbstractEventLoop) -> None:
+        now = time.monotonic()
+        for conn in [c for c, due in self._due.items() if due <= now]:
+            del self._due[conn]
+            conn.overdue()
+        if self._due:
+            loop.call_later(_TICK, self._check, loop)
+        else:
+            self._armed = False
 
 
 def protocol_class(limits: Limits) -> type[HttpToolsProtocol]:
@@ -72,6 +135,11 @@ def protocol_class(limits: Limits) -> type[HttpToolsProtocol]:
 
 class _LimitedProtocol(HttpToolsProtocol):
     limits: Limits
+    _head: int | None = None  # bytes of the head counted so far; None outside a head
+    _head_reads = 0  # bytes of the reads that ended inside the head (a field still arriving is not counted yet)
+    _fields = 0
+    _message_done = True
+    _closing = False  # answered 408 or 431: what still arrives is dropped
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
@@ -82,13 +150,106 @@ class _LimitedProtocol(HttpToolsProtocol):
         # Until the first request arrives, the keep-alive timer is the time-to-first-request limit.
         self.timeout_keep_alive_task = self.loop.call_later(self.limits.idle_timeout, self.timeout_keep_alive_handler)
 
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.limits.late.stop(self)
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        """uvicorn's, but for the head's bounds and deadline, and without upgrades."""
+        if self._closing:
+            return
+        self._unset_keepalive_if_required()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            return  # the request is served as plain HTTP and its connection closed (on_headers_complete)
+        except httptools.HttpParserError as exc:
+            if isinstance(exc.__context__, HeadTooLarge):
+                self._refuse(431, str(exc.__context__))
+                return
+            self.logger.warning("Invalid HTTP request received.")
+            self.send_400_response("Invalid HTTP request received.")
+            return
+        if self._head is not None:  # the read ended inside a head: it is slow, or large, or both
+            self._head_reads += len(data)
+            if self._head_reads > MAX_HEAD_BYTES:
+                self._refuse(431, f"request headers over {MAX_HEAD_BYTES} bytes")
+            elif self not in self.limits.late:
+                self.limits.late.start(self, self.limits.deadline)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._head = self._head_reads = self._fields = 0
+        self._message_done = False
+
+    def on_url(self, url: bytes) -> None:
+        super().on_url(url)
+        self._count(len(url))
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        super().on_header(name, value)
+        self._fields += 1
+        if self._fields > MAX_HEADER_FIELDS:
+            raise HeadTooLarge(f"request headers over {MAX_HEADER_FIELDS} fields")
+        self._count(len(name) + len(value) + 4)
+
+    def _count(self, size: int) -> None:
+        self._head = (self._head or 0) + size
+        if self._head > MAX_HEAD_BYTES:
+            raise HeadTooLarge(f"request headers over {MAX_HEAD_BYTES} bytes")
+
+    def _should_upgrade(self) -> bool:
+        return False  # whatever websocket library is installed: no endpoint speaks websocket
+
     def on_headers_complete(self) -> None:
+        self._head = None
+        self.limits.late.stop(self)
         super().on_headers_complete()
         if not self.url.startswith(b"/"):
             # Absolute-form or asterisk-form: keep the target as sent, so no route matches it.
             self.scope["raw_path"] = self.url
-        if self.limits.draining and self.cycle is not None:
+        if self.cycle is not None and (self.limits.draining or self.parser.should_upgrade()):
+            # After an Upgrade request httptools stops parsing the connection: it ends with this answer.
             self.cycle.keep_alive = False
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._message_done = True
+        if self.limits.late.stop(self) and self.cycle is not None and self.cycle.response_complete:
+            # The rest of a body nobody read: the connection is idle again (each read stopped the idle timer).
+            self._unset_keepalive_if_required()
+            self.timeout_keep_alive_task = self.loop.call_later(
+                self.limits.idle_timeout, self.timeout_keep_alive_handler
+            )
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self._message_done and self.cycle.response_complete and not self.transport.is_closing():
+            # Answered before the body was read (a page that takes none, a 413): the rest must come in time.
+            self.limits.late.start(self, self.limits.deadline)
+
+    def overdue(self) -> None:
+        if self.transport.is_closing():
+            return
+        if self._head is not None:
+            self._refuse(
+                408, f"request headers not received within server.deadlineSeconds ({self.limits.deadline:g} s)"
+            )
+        else:
+            self.transport.close()
+
+    def _refuse(self, status: int, message: str) -> None:
+        """Answer `status` and close, unless an answer to an earlier (pipelined) request is under way."""
+        self.limits.warn(str(status), "%d from %s: %s (one line per 10 s)", status, self.client, message)
+        self.limits.late.stop(self)
+        self._closing = True
+        if self.cycle is not None and not self.cycle.response_complete:
+            self.transport.close()
+            return
+        body = orjson.dumps({"error": message})
+        head = b"content-type: application/json\r\nconnection: close\r\ncontent-length: %d\r\n\r\n" % len(body)
+        self.transport.write(STATUS_LINE[status] + head + body)
+        self.loop.call_later(LINGER_SECONDS, self.transport.close)
 
     def shutdown(self) -> None:
         if self.cycle is None or self.cycle.response_complete:

@@ -186,7 +186,10 @@ def serve(
         log.error("%s", exc)
         return 1
     limits = Limits(
-        server_settings.max_connections, server_settings.idle_timeout_seconds, metrics.connections_refused.inc
+        server_settings.max_connections,
+        server_settings.idle_timeout_seconds,
+        metrics.connections_refused.inc,
+        deadline=server_settings.deadline_seconds,
     )
     readiness: list[Readiness] = [limits.readiness, tls.readiness]
     namespaces: NamespaceFacts = no_cluster
@@ -211,6 +214,7 @@ def serve(
         port=server_settings.port,
         ssl_context_factory=lambda _config, _default: tls.context,
         http=protocol_class(limits),
+        ws="none",  # no endpoint speaks websocket: an upgrade request is answered as plain HTTP (connections.py)
         timeout_keep_alive=math.ceil(server_settings.idle_timeout_seconds),
         lifespan="off",
         access_log=False,
@@ -228,8 +232,14 @@ def serve(
                 port=server_settings.metrics_port,
                 # Scrapers are few: 16 connections, and silent ones go at the idle timeout like anywhere.
                 http=protocol_class(
-                    Limits(16, server_settings.idle_timeout_seconds, name="the metrics port's 16 connections")
+                    Limits(
+                        16,
+                        server_settings.idle_timeout_seconds,
+                        name="the metrics port's 16 connections",
+                        deadline=server_settings.deadline_seconds,
+                    )
                 ),
+                ws="none",
                 lifespan="off",
                 access_log=False,
                 server_header=False,
