@@ -106,3 +106,61 @@ def test_the_cluster_version_decides_what_is_rendered(tmp_path: Path) -> None:
             api.stop()
         hooks = _objects(release["manifest"])["MutatingWebhookConfiguration/cw-copilot-webhook"]["webhooks"]
         assert all(("matchConditions" in w) == expected for w in hooks), version
+
+
+SECRET = "/api/v1/namespaces/flyte/secrets/cw-copilot-webhook-tls"
+BEFORE_CHART_OWNED_SECRET = Path(__file__).parent / "releases" / "before-chart-owned-secret.yaml"
+
+
+def _server_created_secret() -> dict[str, Any]:
+    """The TLS Secret as the server created it before the chart owned it: its own label, no Helm metadata."""
+    pem = base64.b64encode(b"-----BEGIN CERTIFICATE-----\nserver-written\n").decode()
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": {
+            "name": "cw-copilot-webhook-tls",
+            "namespace": "flyte",
+            "resourceVersion": "3",
+            "labels": {"app.kubernetes.io/name": "copilot-webhook"},
+        },
+        "data": {"ca.crt": pem, "tls.crt": pem, "tls.key": pem},
+    }
+
+
+def test_upgrade_from_a_release_whose_server_created_the_tls_secret(api: FakeAPIServer, tmp_path: Path) -> None:
+    """A release made before the chart owned the TLS Secret: Helm refuses to take over an object that lacks
+    its ownership metadata ("invalid ownership metadata"), so the chart leaves such a Secret to the server
+    (which keeps using it); once it carries Helm's metadata (docs/upgrading.md's step), the next upgrade
+    adopts it, still without writing its data."""
+    chart = helm.Chart.load(CHART)
+    old = BEFORE_CHART_OWNED_SECRET.read_text()
+    assert "Secret/cw-copilot-webhook-tls" not in _objects(old)
+    _store_release(api, chart, old, {})
+    api.store[SECRET] = _server_created_secret()
+    config = helm.Config(kubeconfig_path=api.kubeconfig(tmp_path / "kc"), namespace="flyte")
+    upgraded = config.upgrade(chart, "cw", {}, namespace="flyte", dry_run="server", timeout=30)
+    assert upgraded["revision"] == 2
+    objects = _objects(upgraded["manifest"])
+    assert "Secret/cw-copilot-webhook-tls" not in objects, "not Helm's: left to the server"
+    assert "Deployment/cw-copilot-webhook" in objects
+    rules = objects["Role/cw-copilot-webhook"]["rules"]
+    assert rules[0]["resourceNames"] == ["cw-copilot-webhook-tls"], "the server still reads and renews it"
+    assert rules[0]["verbs"] == ["get", "patch"]
+
+    # The step docs/upgrading.md gives: kubectl label and annotate the Secret with Helm's ownership metadata.
+    metadata = api.store[SECRET]["metadata"]
+    metadata["labels"]["app.kubernetes.io/managed-by"] = "Helm"
+    metadata["annotations"] = {"meta.helm.sh/release-name": "cw", "meta.helm.sh/release-namespace": "flyte"}
+    adopted = _objects(config.upgrade(chart, "cw", {}, namespace="flyte", dry_run="server", timeout=30)["manifest"])
+    secret = adopted["Secret/cw-copilot-webhook-tls"]
+    assert "data" not in secret, "adopted without touching what the server wrote"
+
+
+def test_install_over_a_secret_a_removed_release_left_behind(api: FakeAPIServer, tmp_path: Path) -> None:
+    """helm uninstall of such a release kept the server-created Secret: a new install reuses it."""
+    api.store[SECRET] = _server_created_secret()
+    config = helm.Config(kubeconfig_path=api.kubeconfig(tmp_path / "kc"), namespace="flyte")
+    release = config.install(helm.Chart.load(CHART), "cw", {}, namespace="flyte", dry_run="server", timeout=30)
+    assert "Secret/cw-copilot-webhook-tls" not in _objects(release["manifest"])
