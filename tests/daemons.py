@@ -6,16 +6,20 @@ skopeo. `.ci/run` installs them; without them (a laptop) the tests skip, and und
 
 from __future__ import annotations
 
+import http.client
 import os
 import platform
 import shutil
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 
@@ -117,12 +121,14 @@ class Containerd:
     root: Path
     certs_d: Path  # the CRI plugin's registry hosts directory
 
-    def trust(self, host: str, plain_http: bool = False, ca: Path | None = None) -> None:
-        """What a node's administrator configures: how the runtime itself reaches a registry."""
+    def trust(self, host: str, plain_http: bool = False, ca: Path | None = None, upstream: str | None = None) -> None:
+        """What a node's administrator configures: how the runtime itself reaches a registry; `upstream`
+        serves the images named by `host` (a mirror, as for docker.io)."""
         directory = self.certs_d / host
         directory.mkdir(parents=True, exist_ok=True)
         scheme = "http" if plain_http else "https"
-        lines = [f'server = "{scheme}://{host}"', f'[host."{scheme}://{host}"]', '  capabilities = ["pull", "resolve"]']
+        server = f"{scheme}://{upstream or host}"
+        lines = [f'server = "{server}"', f'[host."{server}"]', '  capabilities = ["pull", "resolve"]']
         if ca is not None:
             lines.append(f'  ca = "{ca}"')
         (directory / "hosts.toml").write_text("\n".join(lines) + "\n")
@@ -141,6 +147,14 @@ class Containerd:
     def remove(self, reference: str) -> None:
         subprocess.run(
             ["ctr", "--address", self.socket, "--namespace", "k8s.io", "images", "rm", reference],
+            capture_output=True,
+            timeout=30,
+        )
+
+    def tag(self, source: str, target: str) -> None:
+        subprocess.run(
+            ["ctr", "--address", self.socket, "--namespace", "k8s.io", "images", "tag", "--force", source, target],
+            check=True,
             capture_output=True,
             timeout=30,
         )
@@ -186,18 +200,38 @@ def containerd(work: Path) -> Iterator[Containerd]:
 class Dockerd:
     socket: str
 
+    def api(self, method: str, path: str) -> tuple[int, bytes]:
+        """One call of the Engine API over the daemon's socket."""
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.settimeout(60)
+            sock.connect(self.socket)
+            connection = http.client.HTTPConnection("localhost")
+            connection.sock = sock
+            connection.request(method, path)
+            response = connection.getresponse()
+            return response.status, response.read()
+
+    def tag(self, source: str, target: str) -> None:
+        repository, _, tag = target.rpartition(":")
+        status, body = self.api("POST", f"/images/{quote(source, safe='/:')}/tag?repo={quote(repository)}&tag={tag}")
+        assert status == 201, body
+
+    def has(self, reference: str) -> bool:
+        return self.api("GET", f"/images/{quote(reference, safe='/:')}/json")[0] == 200
+
 
 @contextmanager
-def dockerd(work: Path, storage: str = "vfs") -> Iterator[Dockerd]:
+def dockerd(work: Path, storage: str = "vfs", mirror: str | None = None) -> Iterator[Dockerd]:
     """`storage`: vfs works everywhere; overlay2 builds images much faster where the kernel allows it,
-    and falls back to vfs where it does not."""
+    and falls back to vfs where it does not. `mirror`: a registry (host:port, plain HTTP) serving docker.io's
+    images, as `--registry-mirror` configures a node."""
     try:
-        with _dockerd(work / storage, storage) as daemon:
+        with _dockerd(work / storage, storage, mirror) as daemon:
             yield daemon
     except DaemonDidNotStart:
         if storage == "vfs":
             raise
-        with _dockerd(work / "vfs", "vfs") as daemon:
+        with _dockerd(work / "vfs", "vfs", mirror) as daemon:
             yield daemon
 
 
@@ -206,7 +240,7 @@ class DaemonDidNotStart(RuntimeError):
 
 
 @contextmanager
-def _dockerd(work: Path, storage: str) -> Iterator[Dockerd]:
+def _dockerd(work: Path, storage: str, mirror: str | None) -> Iterator[Dockerd]:
     # Short paths: a unix socket path is limited to 108 bytes, and dockerd nests sockets in exec-root.
     work.mkdir(parents=True, exist_ok=True)
     sock = work / "docker.sock"
@@ -223,6 +257,8 @@ def _dockerd(work: Path, storage: str) -> Iterator[Dockerd]:
         f"--containerd-namespace=cw-test-{storage}",
         f"--containerd-plugins-namespace=cw-test-{storage}-plugins",
     ]
+    if mirror is not None:
+        command.append(f"--registry-mirror=http://{mirror}")
     log = work / "dockerd.log"
     with log.open("wb") as out:
         process = subprocess.Popen(command, stdout=out, stderr=out)
@@ -261,3 +297,59 @@ def hanging_server() -> Iterator[int]:
         yield server.getsockname()[1]
     finally:
         server.close()
+
+
+@contextmanager
+def trickling_registry(upstream: int, rate: int = 4096, threshold: int = 16384) -> Iterator[int]:
+    """A front of the registry on port `upstream` that passes everything through, but sends a blob larger
+    than `threshold` bytes at `rate` bytes a second: a registry (or a network) so slow that a pull keeps
+    making progress long past any deadline, so the runtime keeps streaming progress to its client."""
+    stop = threading.Event()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_HEAD(self) -> None:
+            self._forward()
+
+        def do_GET(self) -> None:
+            self._forward()
+
+        def _forward(self) -> None:
+            connection = http.client.HTTPConnection("127.0.0.1", upstream, timeout=30)
+            try:
+                connection.putrequest(self.command, self.path)
+                for name, value in self.headers.items():  # each of them: dockerd sends one Accept per media type
+                    if name.lower() not in ("host", "connection"):
+                        connection.putheader(name, value)
+                connection.endheaders()
+                response = connection.getresponse()
+                body = response.read()
+            finally:
+                connection.close()
+            self.send_response(response.status)
+            for name, value in response.getheaders():
+                if name.lower() not in ("connection", "transfer-encoding", "date", "server"):
+                    self.send_header(name, value)
+            self.end_headers()
+            slow = "/blobs/" in self.path and len(body) > threshold
+            step = rate // 4 if slow else max(len(body), 1)
+            with suppress(OSError):  # the client gave up (its deadline): nothing more to send
+                for start in range(0, len(body), step):
+                    if stop.is_set():
+                        return
+                    self.wfile.write(body[start : start + step])
+                    self.wfile.flush()
+                    if slow:
+                        time.sleep(0.25)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass  # the test's output is the puller's
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server.server_address[1]
+    finally:
+        stop.set()
+        server.shutdown()
+        server.server_close()

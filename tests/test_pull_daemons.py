@@ -9,12 +9,13 @@ from __future__ import annotations
 import base64
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,11 +35,13 @@ from tests.daemons import (
     hanging_server,
     registry,
     require,
+    trickling_registry,
 )
 from tests.support import child_env
 from webhook.config import build_settings
 from webhook.mutation.puller import SECRETS_PATH, puller_container
 from webhook.mutation.runtime import Runtime
+from webhook.pull.clients import CRIClient
 
 ROOT = Path(__file__).parent.parent
 TEAM_REGISTRY = "registry.team.svc.cluster.local"  # a name only the pod's resolver knows
@@ -76,12 +79,12 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     try:
         with (
             containerd(work / "containerd") as ctd,
-            dockerd(short) as dkr,
             registry(work / "plain") as plain,
             registry(work / "private", user=("alice", "s3cret")) as private,
             registry(
                 work / "tls", tls=(tls_dir / "tls.crt", tls_dir / "tls.key", tls_dir / "ca.crt"), name=TEAM_REGISTRY
             ) as tls,
+            dockerd(short, mirror=plain.host) as dkr,  # the plain registry serves docker.io's names too
         ):
             ctd.trust(plain.host, plain_http=True)
             ctd.trust(private.host, plain_http=True)
@@ -234,7 +237,7 @@ def test_cri_registry_hanging_hits_the_deadline(world: World) -> None:
         run = _run(_container(_cri(world), [image, world.app], timeoutSeconds=3))
     assert run.result(image)["result"] == "failed"
     assert run.result(image)["error"] == "timed out"
-    assert run.result(world.app)["result"] == "present", "the other pulls go on in parallel"
+    assert run.result(world.app)["result"] in ("present", "pulled"), "the other pulls go on in parallel"
     assert run.seconds < 12
 
 
@@ -307,10 +310,74 @@ def _pids() -> list[int]:
 
 
 def _cmdline(pid: int) -> str:
+    return _proc(pid, "cmdline")
+
+
+def _proc(pid: int, name: str) -> str:
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        return Path(f"/proc/{pid}/{name}").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return ""
+
+
+def _eventually(find: Callable[[], int | None], timeout: float = 15) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = find()
+        if found is not None:
+            return found
+        time.sleep(0.05)
+    raise AssertionError(f"not found within {timeout} s")
+
+
+def _ctr_pulling(fragment: str) -> int | None:
+    return next((pid for pid in _pids() if _cmdline(pid).startswith("ctr ") and fragment in _cmdline(pid)), None)
+
+
+def test_no_process_shows_the_password_while_ctr_pulls_with_it(world: World, tmp_path: Path) -> None:
+    password = "s3cret-" + secrets.token_hex(8)
+    with hanging_server() as port:
+        host = f"127.0.0.1:{port}"
+        image = f"{host}/hangs/app:v1"
+        container = _container(_cri(world), [image], ["team"], registries={host: {"plainHttp": True}}, timeoutSeconds=5)
+        env = child_env(PATH=os.environ["PATH"], PYTHONPATH=str(ROOT), PYTHONDONTWRITEBYTECODE="1")
+        process = subprocess.Popen(
+            _as_pod(_command(container, _secrets(tmp_path, host, "alice", password))),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        ctr = _eventually(lambda: _ctr_pulling("hangs/app"))
+        # Every process of the machine, while ctr holds the credential: its arguments, its environment.
+        seen = {pid: (_proc(pid, "cmdline"), _proc(pid, "environ")) for pid in _pids()}
+        out, err = process.communicate(timeout=30)
+    assert "Traceback" not in err
+    assert f"image={image} result=failed" in out
+    assert " --user alice -- " in seen[ctr][0], "the credential is in use: ctr has the user name"
+    assert seen[process.pid][0], "the puller was running"
+    leaks = [pid for pid, (cmdline, environ) in seen.items() if password in cmdline or password in environ]
+    assert leaks == [], [seen[pid][0] for pid in leaks]
+
+
+def test_ctr_is_given_the_password_on_its_terminal(world: World, tmp_path: Path) -> None:
+    image = world.secret_app
+    registries = {world.private.host: {"plainHttp": True}}
+    (tmp_path / "wrong").mkdir()
+    (tmp_path / "right").mkdir()
+    world.containerd.remove(image)
+    wrong = _run(
+        _container(_cri(world), [image], ["team"], registries=registries),
+        _secrets(tmp_path / "wrong", world.private.host, "alice", "not-it"),
+    )
+    assert wrong.result(image)["result"] == "failed", wrong.lines
+    assert "401" in wrong.result(image)["error"] or "unauthorized" in wrong.result(image)["error"].lower()
+    right = _run(
+        _container(_cri(world), [image], ["team"], registries=registries),
+        _secrets(tmp_path / "right", world.private.host, "alice", "s3cret"),
+    )
+    assert right.result(image)["result"] == "pulled", right.lines
+    assert image in world.containerd.images()
 
 
 # --- dockerd, through the Docker Engine API -------------------------------------------------------------
@@ -338,3 +405,92 @@ def test_docker_registry_down_is_retried(world: World) -> None:
         run = _run(_container(_docker(world), [image]))
     assert run.result(image)["attempts"] == "3", run.lines
     assert "connection refused" in run.result(image)["error"]
+
+
+# --- what a node and a Secret can throw at the puller ----------------------------------------------------
+
+
+def test_a_secret_nested_too_deeply_is_named_and_the_rest_still_pull(world: World, tmp_path: Path) -> None:
+    image = world.secret_app
+    world.containerd.remove(image)
+    directory = _secrets(tmp_path, world.private.host, "alice", "s3cret")
+    (directory / "deep.json").write_text("[" * 200_000 + "]" * 200_000)
+    run = _run(_container(_cri(world), [world.app, image], ["deep", "team"]), directory)
+    assert run.code == 0
+    assert run.lines[0] == "pull secret deep.json ignored: nested too deeply to read"
+    assert run.result(world.app)["result"] in ("present", "pulled"), "an image that needs no credential"
+    assert run.result(image)["result"] == "pulled", "with the other secret"
+
+
+def _runtime(world: World, flavour: str) -> Runtime:
+    return _cri(world) if flavour == "cri" else _docker(world)
+
+
+@pytest.mark.parametrize("flavour", ["cri", "docker"])
+def test_timeout_is_a_deadline_while_the_runtime_streams_progress(world: World, flavour: str, tmp_path: Path) -> None:
+    layout = tmp_path / "oci"
+    build_image(layout, "big", secrets.token_hex(96 * 1024))  # ~100 KB compressed: 25 s at 4 KB/s
+    pushed = world.plain.push(layout, "big", f"plain/big-{flavour}")
+    with trickling_registry(world.plain.port) as port:
+        host = f"127.0.0.1:{port}"
+        world.containerd.trust(host, plain_http=True)
+        image = pushed.replace(world.plain.host, host)
+        run = _run(_container(_runtime(world, flavour), [image], timeoutSeconds=3))
+    assert run.result(image)["result"] == "failed", run.lines
+    assert run.result(image)["error"] == "timed out"
+    assert run.seconds < 8, f"a 3 s deadline took {run.seconds:.1f} s"
+
+
+# --- Docker Hub's names, as each runtime has them -----------------------------------------------------
+
+
+def _in_runtime(world: World, flavour: str, reference: str) -> bool:
+    if flavour == "docker":
+        return world.dockerd.has(reference)
+    return CRIClient(world.containerd.socket).present(reference, 10)
+
+
+@pytest.mark.parametrize("flavour", ["cri", "docker"])
+def test_hub_names_are_found_as_the_runtime_names_them(world: World, flavour: str) -> None:
+    runtime = _runtime(world, flavour)
+    assert _run(_container(runtime, [world.app])).result(world.app)["result"] in ("present", "pulled")
+    tag = world.containerd.tag if flavour == "cri" else world.dockerd.tag
+    tag(world.app, f"registry-1.docker.io/library/r1-{flavour}:1.0")
+    tag(world.app, f"docker.io/library/hub-{flavour}:1.0")
+    # The runtime's own view: registry-1.docker.io is a name of its own, index.docker.io is docker.io.
+    assert _in_runtime(world, flavour, f"registry-1.docker.io/library/r1-{flavour}:1.0")
+    assert not _in_runtime(world, flavour, f"docker.io/library/r1-{flavour}:1.0")
+    assert _in_runtime(world, flavour, f"index.docker.io/library/hub-{flavour}:1.0")
+    images = [f"registry-1.docker.io/library/r1-{flavour}:1.0", f"index.docker.io/library/hub-{flavour}:1.0"]
+    images += [f"hub-{flavour}:1.0", f"library/hub-{flavour}:1.0", f"docker.io/hub-{flavour}:1.0"]
+    run = _run(_container(runtime, images, timeoutSeconds=20))
+    assert [ln.split()[:2] for ln in run.lines if ln.startswith("image=")] == [
+        [f"image={images[0]}", "result=present"],
+        [f"image={images[1]}", "result=present"],
+    ], run.lines
+
+
+@pytest.mark.parametrize("flavour", ["cri", "docker"])
+def test_aliases_of_one_image_are_one_pull(world: World, flavour: str) -> None:
+    name = f"alias-{flavour}"
+    world.plain.push(world.work / "oci", "v1", f"library/{name}")
+    world.containerd.trust("docker.io", plain_http=True, upstream=world.plain.host)  # dockerd: --registry-mirror
+    aliases = [f"{name}:v1", f"library/{name}:v1", f"docker.io/library/{name}:v1", f"index.docker.io/{name}:v1"]
+    run = _run(_container(_runtime(world, flavour), [*aliases, f"docker.io/{name}:v1"]))
+    assert [ln.split()[:3] for ln in run.lines if ln.startswith("image=")] == [
+        [f"image={name}:v1", "result=pulled", "attempts=1"]
+    ], run.lines
+    assert _in_runtime(world, flavour, f"docker.io/library/{name}:v1")
+
+
+def test_registry_1_docker_io_is_pulled_under_that_name(world: World) -> None:
+    """containerd's CRI stores a pull under the name asked: the kubelet asks for the pod's."""
+    world.containerd.trust("docker.io", plain_http=True, upstream=world.plain.host)
+    world.containerd.trust("registry-1.docker.io", plain_http=True, upstream=world.plain.host)
+    image = "registry-1.docker.io/plain/app:v1"
+    for stale in (image, "docker.io/plain/app:v1"):
+        world.containerd.remove(stale)
+    run = _run(_container(_cri(world), [image]))
+    assert run.result(image)["result"] == "pulled", run.lines
+    assert image in world.containerd.images()
+    assert "docker.io/plain/app:v1" not in world.containerd.images()
