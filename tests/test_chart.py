@@ -600,12 +600,13 @@ def test_notes_tell_how_to_verify_the_install() -> None:
 
 
 def test_one_version_everywhere() -> None:
-    """webhook.__version__ is the version; the package reads it, and the chart's appVersion and default
-    puller images must say the same."""
+    """webhook.__version__ is the version; the package reads it, and the chart's version and appVersion and
+    the default puller images must say the same."""
     from webhook import __version__
 
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     assert chart["appVersion"] == __version__
+    assert chart["version"] == __version__, "docs/upgrading.md: the chart is versioned with the server"
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert {image.rsplit(":", 1)[1] for image in values["imagePuller"]["pullerImages"].values()} == {__version__}
     assert build_settings({}).image_puller.puller_images.docker.endswith(f":{__version__}")
