@@ -422,6 +422,18 @@ def test_a_secret_nested_too_deeply_is_named_and_the_rest_still_pull(world: Worl
     assert run.result(image)["result"] == "pulled", "with the other secret"
 
 
+def test_an_unreadable_secrets_directory_is_reported_and_the_rest_still_pull(world: World, tmp_path: Path) -> None:
+    directory = _secrets(tmp_path, world.private.host, "alice", "s3cret")
+    directory.chmod(0)  # root without CAP_DAC_OVERRIDE, as in the pod, may not list it
+    try:
+        run = _run(_container(_cri(world), [world.app], ["team"]), directory)
+    finally:
+        directory.chmod(0o755)
+    assert run.code == 0
+    assert run.lines[0] == f"pull secrets {directory} ignored: Permission denied"
+    assert run.result(world.app)["result"] in ("present", "pulled")
+
+
 def _runtime(world: World, flavour: str) -> Runtime:
     return _cri(world) if flavour == "cri" else _docker(world)
 
