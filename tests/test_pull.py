@@ -22,7 +22,8 @@ from webhook.mutation.pod import read_pod
 from webhook.mutation.puller import select_images
 from webhook.pull import distinct
 from webhook.pull.errors import ERROR_LIMIT, PullError
-from webhook.pull.keyring import Keyring
+from webhook.pull.keyring import Credential, Keyring
+from webhook.pull.native import PASSWORD_LIMIT, _typed
 from webhook.references import normalise, parse
 
 
@@ -125,6 +126,17 @@ def test_a_secret_nested_deeper_than_the_parser_recurses_is_named_and_skipped(tm
     assert [c.username for c in keyring.lookup(parse("r.example/x:1"))] == ["ok"]
 
 
+def test_a_registry_key_that_is_no_url_is_named_and_its_entry_skipped(tmp_path: Path) -> None:
+    auths = {"r.example:abc": _auth("bad-port"), "https://[oops": _auth("bad-host"), "r.example": _auth("ok")}
+    (tmp_path / "team.json").write_text(json.dumps({"auths": auths}))
+    keyring, problems = Keyring.from_directory(str(tmp_path))
+    assert problems == [
+        "pull secret team.json: registry 'r.example:abc' ignored: Port could not be cast to integer value as 'abc'",
+        "pull secret team.json: registry 'https://[oops' ignored: Invalid IPv6 URL",
+    ]
+    assert [c.username for c in keyring.lookup(parse("r.example/x:1"))] == ["ok"]
+
+
 def test_a_file_larger_than_any_secret_is_not_read_whole(tmp_path: Path) -> None:
     (tmp_path / "huge.json").write_bytes(b" " * (2 * 1024 * 1024))
     _, problems = Keyring.from_directory(str(tmp_path))
@@ -135,6 +147,22 @@ def test_images_are_pulled_once_however_they_are_spelled() -> None:
     images = ["busybox", "docker.io/library/busybox:latest", "library/busybox", "index.docker.io/busybox"]
     images += ["registry-1.docker.io/library/busybox", "--help", "--help", "busybox:1", "docker.io/busybox:1"]
     assert distinct(images) == ["busybox", "registry-1.docker.io/library/busybox", "--help", "busybox:1"]
+
+
+@pytest.mark.parametrize(
+    ("username", "password", "says"),
+    [
+        ("a:b", "pw", "the user name for r.example holds ':'"),
+        ("alice", "", "cannot be typed at ctr's prompt"),
+        ("alice", "two\nlines", "cannot be typed at ctr's prompt"),
+        ("alice", "x" * (PASSWORD_LIMIT + 1), "cannot be typed at ctr's prompt"),
+    ],
+)
+def test_what_ctrs_prompt_cannot_take_is_refused_for_that_key(username: str, password: str, says: str) -> None:
+    with pytest.raises(PullError, match=says) as refused:
+        _typed(Credential("r.example", username, password))
+    assert refused.value.permanent, "the next credential, or none, is tried"
+    assert _typed(Credential("r.example", "alice", "x" * PASSWORD_LIMIT)) == b"x" * PASSWORD_LIMIT + b"\n"
 
 
 def test_long_errors_keep_what_failed_and_why() -> None:

@@ -62,7 +62,9 @@ class Keyring:
             return cls([]), [f"pull secrets {directory} ignored: {exc.strerror}"]
         for path in files:
             try:
-                entries += _credentials(path)
+                found, skipped = _credentials(path)
+                entries += found
+                problems += [f"pull secret {path.name}: {problem}" for problem in skipped]
             except (OSError, ValueError) as exc:
                 problems.append(f"pull secret {path.name} ignored: {exc}")
             except RecursionError:  # the API server stores JSON nested deeper than Python's parser recurses
@@ -81,7 +83,9 @@ class Keyring:
         return [credential for *_rank, credential in sorted(matches)]
 
 
-def _credentials(path: Path) -> list[Credential]:
+def _credentials(path: Path) -> tuple[list[Credential], list[str]]:
+    """The file's credentials, and the entries skipped because their registry key is no URL (the kubelet
+    skips those alone, and so do we: they would fail every lookup)."""
     with path.open("rb") as file:
         data = file.read(SECRET_LIMIT + 1)
     if len(data) > SECRET_LIMIT:
@@ -90,8 +94,18 @@ def _credentials(path: Path) -> list[Credential]:
     auths = document.get("auths", document) if isinstance(document, dict) else None
     if not isinstance(auths, dict):
         raise ValueError("no auths object")
-    found = (_credential(str(key), entry) for key, entry in auths.items())
-    return [credential for credential in found if credential is not None]
+    credentials: list[Credential] = []
+    skipped: list[str] = []
+    for key, entry in auths.items():
+        try:
+            _split(str(key))
+        except ValueError as exc:
+            skipped.append(f"registry {str(key)[:80]!r} ignored: {exc}")
+            continue
+        credential = _credential(str(key), entry)
+        if credential is not None:
+            credentials.append(credential)
+    return credentials, skipped
 
 
 def _credential(key: str, entry: object) -> Credential | None:

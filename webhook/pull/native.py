@@ -62,19 +62,23 @@ class NativeClient:
             raise PullError(lines[-1][5:] if lines else f"ctr exited {code}")
 
     def _run(self, command: list[str], feed: bytes, typed: bytes, timeout: float) -> tuple[int, str]:
-        """ctr's exit code and what it wrote on its terminal (standard error)."""
-        with _Terminal() as terminal:
+        """ctr's exit code and what it wrote on its standard error."""
+        try:
+            stderr = _Stderr(terminal=bool(typed))
+        except OSError as exc:  # no /dev/pts in the container: the password has no way to ctr
+            raise PullError(f"cannot open a terminal for ctr: {exc.strerror}", permanent=True) from None
+        with stderr:
             with self._lock:
                 if self._cancelled:
                     raise Cancelled
                 try:
                     process = subprocess.Popen(
-                        command, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=terminal.child
+                        command, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=stderr.child
                     )
                 except OSError as exc:
                     raise PullError(f"cannot run ctr: {exc.strerror}", permanent=True) from None
                 self._running.add(process)
-            terminal.attach(typed)
+            stderr.attach(typed)
             try:
                 process.communicate(feed, timeout=timeout)
             except subprocess.TimeoutExpired:
@@ -84,7 +88,7 @@ class NativeClient:
             finally:
                 with self._lock:
                     self._running.discard(process)
-            return process.returncode, terminal.output()
+            return process.returncode, stderr.output()
 
     def cancel(self) -> None:
         with self._lock:
@@ -108,23 +112,27 @@ def _typed(credential: Credential) -> bytes:
     return password + b"\n"
 
 
-class _Terminal:
-    """A pseudo-terminal: ctr's standard error, where it asks for the password and says what failed."""
+class _Stderr:
+    """ctr's standard error, read to say what failed: a pseudo-terminal when a password is to be typed
+    (where ctr asks for it), a pipe otherwise."""
 
-    def __init__(self) -> None:
-        self.master, self.child = os.openpty()
-        # Raw: no echo, no line editing and no signal characters, so a password reaches ctr byte for byte and
-        # is never written back; ctr turns echo off itself too, and restores this state when done.
-        tty.setraw(self.child)
+    def __init__(self, terminal: bool) -> None:
+        if terminal:
+            self.master, self.child = os.openpty()
+            # Raw: no echo, no line editing and no signal characters, so the password reaches ctr byte for
+            # byte and is never written back; ctr turns echo off itself too, and restores this state after.
+            tty.setraw(self.child)
+        else:
+            self.master, self.child = os.pipe()
         self._output = bytearray()
         self._reader = threading.Thread(target=self._read, daemon=True)
 
-    def __enter__(self) -> _Terminal:
+    def __enter__(self) -> _Stderr:
         return self
 
     def attach(self, typed: bytes) -> None:
         """ctr holds the child's end now: close ours (so reading ends when ctr exits), type the password
-        ahead (it waits in the terminal until ctr asks; unread if the registry never does), read."""
+        ahead (it waits in the terminal until ctr asks; unread if the registry never asks), read."""
         os.close(self.child)
         self.child = -1
         view = memoryview(typed)
@@ -136,7 +144,7 @@ class _Terminal:
         while True:
             try:
                 chunk = os.read(self.master, BODY_LIMIT)
-            except OSError:  # EIO: every copy of the child's end is closed, ctr has exited
+            except OSError:  # a terminal's EIO: every copy of the child's end is closed, ctr has exited
                 return
             if not chunk:
                 return
