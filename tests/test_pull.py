@@ -179,6 +179,10 @@ def _pull(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_usage_errors_exit_2_and_no_images_is_fine() -> None:
     assert _pull("--runtime=podman", "--socket=/s", "--", "x").returncode == 2
+    for option in ("--timeout=nan", "--timeout=inf", "--timeout=1e308", "--timeout=0", "--backoff=nan", "--backoff=-1"):
+        done = _pull("--runtime=docker", "--socket=/s", option, "--", "x")
+        assert (done.returncode, "Traceback" in done.stderr) == (2, False), (option, done.stderr)
+        assert option.split("=")[0] + " must be" in done.stderr
     assert _pull("--runtime=docker", "--socket=/s", "--pod-network-registry=r", "--", "x").returncode == 2
     done = _pull("--runtime=cri", "--socket=/s")
     assert done.returncode == 0

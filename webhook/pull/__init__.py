@@ -33,6 +33,7 @@ from webhook.pull.native import NativeClient
 from webhook.references import parse
 
 RESULTS = ("present", "pulled", "failed", "cancelled")
+MAX_TIMEOUT = 86400.0  # a day: the chart allows an hour
 
 
 @dataclass
@@ -169,8 +170,13 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    if args.timeout <= 0 or args.retries < 1 or args.parallel < 1:
-        parser.error("--timeout, --retries and --parallel must be positive")
+    if args.retries < 1 or args.parallel < 1:
+        parser.error("--retries and --parallel must be positive")
+    # Finite and bounded: NaN compares false to everything, and a socket refuses a timeout past time_t.
+    if not 0 < args.timeout <= MAX_TIMEOUT:
+        parser.error(f"--timeout must be more than 0 and at most {MAX_TIMEOUT} seconds, not {args.timeout}")
+    if not 0 <= args.backoff <= args.timeout:
+        parser.error(f"--backoff must be from 0 to --timeout seconds, not {args.backoff}")
     if args.pod_network_registry and args.runtime != "cri":
         parser.error("--pod-network-registry needs --runtime=cri (containerd)")
     if args.pull_secrets is not None and not os.path.isdir(args.pull_secrets):
