@@ -1,9 +1,10 @@
 """copilot-webhook-pull: the command the image-puller init container runs (spec 1.3).
 
-Pulls every image given through the node's runtime, in parallel, skipping those the node already has,
-retrying with exponential back-off only what can succeed later (a registry down or hanging, not an image
-that is not there or a credential that is refused), all within one deadline. It prints one line per image
-in the order given (the pod's), then a summary. On failure it exits non-zero (`--failure-policy=Fail`) or
+Pulls every image given through the node's runtime, in parallel, once per reference as the runtimes
+normalise it, skipping those the node already has, retrying with exponential back-off only what can
+succeed later (a registry down or hanging, not an image that is not there or a credential that is
+refused), all within one deadline (at which the calls in flight are cancelled). It prints one line per
+image in the order given (the pod's), then a summary. On failure it exits non-zero (`--failure-policy=Fail`) or
 says so and exits 0 (`Ignore`), so the kubelet pulls as usual. SIGTERM (it runs as PID 1) stops it at
 once: calls in flight are cancelled and child processes killed. Runs in the puller image: the standard
 library and grpcio only.
