@@ -350,7 +350,7 @@ def test_timeout_is_the_whole_runs_deadline_and_a_stream_holds_one_line(tmp_path
         out, err = process.communicate(timeout=30)
         seconds = time.monotonic() - started
     assert "Traceback" not in err, err
-    assert seconds < 6, f"a --timeout=3 run took {seconds:.1f} s"
+    assert seconds < 8, f"a --timeout=3 run took {seconds:.1f} s"  # was: never ended
     for image, line in zip(("busybox:1", "team/app:2"), out.splitlines(), strict=False):
         assert line.startswith(f"image={image} result=failed attempts=1 "), out
         assert line.endswith(" error=timed out"), line
