@@ -1,12 +1,14 @@
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
 
 from certs.authority import generate_files
+from tests.controlplane import ControlPlane
 from tests.fake_apiserver import FakeAPIServer
+from tests.kube_support import Kube
 
 
 @pytest.fixture(scope="session")
@@ -23,3 +25,40 @@ def api() -> Iterator[FakeAPIServer]:
     server = FakeAPIServer().start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """etcd and kube-apiserver built from their Go modules, on loopback in a network namespace of the
+    test run's own; the same one for the whole session (tests use namespaces and releases of their own)."""
+    from tests.controlplane import control_plane, require_root
+    from tests.gotools import binary
+
+    require_root()
+    etcd, apiserver, controllers = binary("etcd"), binary("kube-apiserver"), binary("kube-controller-manager")
+    with control_plane(tmp_path_factory.mktemp("kube"), etcd, apiserver, controllers) as plane:
+        _PLANES.append(plane)
+        yield plane
+        _PLANES.remove(plane)
+
+
+_PLANES: list[ControlPlane] = []
+
+
+@pytest.fixture(scope="session")
+def kube_admin(kube: ControlPlane) -> Iterator[Kube]:
+    """The control plane's API as its administrator (system:masters)."""
+    admin = Kube(kube)
+    yield admin
+    admin.close()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A failed test that used the control plane carries its logs (they also stay in the tmp folder)."""
+    report = yield
+    if report.failed and "kube" in getattr(item, "fixturenames", ()) and _PLANES:
+        report.sections.append(("control plane logs", _PLANES[-1].logs()))
+    return report
