@@ -119,7 +119,7 @@ class ControlPlane:
     etcd_binary: Path
     apiserver_binary: Path
     controller_manager_binary: Path | None = None
-    authorization: str = "RBAC"
+    authorization: str = "Node,RBAC"
     processes: list[Process] = field(default_factory=list)
 
     @property
@@ -349,7 +349,7 @@ def require_root() -> None:
 
 @contextlib.contextmanager
 def control_plane(
-    workdir: Path, etcd: Path, apiserver: Path, controller_manager: Path | None = None, authorization: str = "RBAC"
+    workdir: Path, etcd: Path, apiserver: Path, controller_manager: Path | None = None, authorization: str = "Node,RBAC"
 ) -> Iterator[ControlPlane]:
     netns = NetworkNamespace(f"cwk{os.getpid()}")
     plane = ControlPlane(workdir, netns, etcd, apiserver, controller_manager, authorization)
