@@ -65,5 +65,13 @@ bench: $(BIN)/copilot-webhook
 go-tools: $(BIN)/copilot-webhook
 	$(BIN)/python -m tests.gotools build
 
+# Flyte's pods as Flyte's own Go code prints them (tests/flyte/v<release>/, built like go-tools and cached),
+# rewritten into tests/flyte/pods/ with the golden contexts that feed them to the webhook, and the
+# hand-derived pods of the releases whose Flyte modules do not resolve. Review the diff; then
+# REFRESH_GOLDEN=1 .venv/bin/python -m pytest tests/test_golden.py rewrites the webhook's answers.
+.PHONY: flyte-pods
+flyte-pods: $(BIN)/copilot-webhook
+	$(BIN)/python -m tests.flyte_source
+
 clean:
 	rm -rf $(VENV) $(CERTS) .mypy_cache .ruff_cache .pytest_cache .hypothesis
