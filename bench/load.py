@@ -4,7 +4,8 @@ webhooks, in one run: the same certificate, load generator, body, connection cou
     python bench/load.py --anchors DIR [--baseline CHECKOUT] [--rounds 3] [--seconds 10] [--connections 16]
 
 DIR holds the anchors: go-floor/ (Go standard library webhook), py-naive/app.py (the FastAPI webhook most
-people write first), post.lua (wrk script). Needs wrk (Debian package `wrk`) and, for go-floor, Go.
+people write first), post.lua (wrk script). Needs wrk (Debian package `wrk`) and, for go-floor, Go (any
+release from 1.19 on; built once into the Go tools cache, keyed by its sources and the Go version).
 Targets are measured in turn within each round, so a noisy neighbour hurts all of them alike; the table
 gives the median over rounds of requests per second and of p50/p99 latency. `--baseline` adds our server
 as another checkout has it (`git worktree add /tmp/base <commit>`), to show a change did not slow /mutate.
@@ -14,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import glob
+import hashlib
 import os
 import re
 import shutil
@@ -31,6 +34,7 @@ HERE = Path(__file__).parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
+from tests.gotools import cache_root  # noqa: E402 - where the tests' Go binaries are cached
 from tests.server_process import free_port, stop_process  # noqa: E402 - the tests' process helpers
 
 BODY = HERE / "data" / "flyte-1.15-review.json"
@@ -73,6 +77,40 @@ def bench_certs() -> Path:
     return work
 
 
+def go_toolchain() -> str | None:
+    """The `go` on PATH, else where the official tarball and Debian's packages put it."""
+    for candidate in (shutil.which("go"), "/usr/local/go/bin/go", *sorted(glob.glob("/usr/lib/go-1.*/bin/go"))[::-1]):
+        if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def build_go_floor(anchors: Path) -> Path | None:
+    """The go-floor anchor built with the installed Go (any version from the go.mod's 1.19 on: the module
+    has no dependencies), cached beside the tests' Go tools and keyed by its sources and the Go version, so
+    a warm run builds nothing. None, with a message, where there is no Go."""
+    go = go_toolchain()
+    if go is None:
+        print("no Go toolchain (install Go, e.g. from go.dev/dl): go-floor is left out of this run", file=sys.stderr)
+        return None
+    source = anchors / "go-floor"
+    version = subprocess.run([go, "env", "GOVERSION"], capture_output=True, text=True, check=True).stdout.strip()
+    digest = hashlib.sha256(version.encode() + b"\0")
+    for path in sorted(p for p in source.iterdir() if p.suffix in {".go", ".mod", ".sum"}):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    target = cache_root() / f"go-floor-{digest.hexdigest()[:16]}" / "go-floor"
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(f"go-floor.partial-{os.getpid()}")
+        # GOTOOLCHAIN=local: the installed Go builds it, whatever the environment asks for.
+        env = {**os.environ, "GOFLAGS": "-buildvcs=false", "GOTOOLCHAIN": "local", "CGO_ENABLED": "0"}
+        started = time.monotonic()
+        subprocess.run([go, "build", "-trimpath", "-o", str(partial), "."], cwd=source, check=True, env=env)
+        partial.rename(target)
+        print(f"built go-floor with {version} in {time.monotonic() - started:.0f} s", file=sys.stderr)
+    return target
+
+
 def wrk(url: str, lua: Path | None, seconds: int, connections: int) -> dict[str, float]:
     command = ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--latency", url]
     if lua is not None:
@@ -101,17 +139,7 @@ def main() -> None:
     lua = anchors / "post.lua"
     work = bench_certs()
     cert, key = str(work / "tls.crt"), str(work / "tls.key")
-    go = shutil.which("go") or "/usr/lib/go-1.19/bin/go"
-    go_bin = work / "go-floor"
-    if Path(go).exists():
-        subprocess.run(
-            [go, "build", "-o", str(go_bin), "."],
-            cwd=anchors / "go-floor",
-            check=True,
-            env={**os.environ, "GOFLAGS": "-buildvcs=false", "GOCACHE": str(work / "gocache")},
-        )
-    else:
-        print("no Go toolchain (Debian: golang-1.19-go): go-floor is left out of this run", file=sys.stderr)
+    go_bin = build_go_floor(anchors) or work / "go-floor"
 
     ours, go_port, naive = free_port(), free_port(), free_port()
     servers: list[tuple[list[str], int, Path | None]] = [
