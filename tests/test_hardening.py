@@ -24,6 +24,7 @@ from tests.asgi import call, post_json
 from tests.server_process import Server, client_context, free_port, running_server
 from tests.support import GOLDEN, eventually, load_yaml, pod, review
 from webhook.config import build_settings
+from webhook.preview import preview
 from webhook.server import WebhookApp
 
 JSON = {"content-type": "application/json"}
@@ -167,6 +168,23 @@ def test_previews_over_their_own_body_limit_are_413_before_reading() -> None:
     assert "preview.maxBodyBytes (4096)" in res.json()["error"]
     review_body = orjson.dumps(review({**pod("flyte-1.15-bare.yaml"), "x": "y" * 5000}))
     assert post_json(app, "/mutate", orjson.loads(review_body)).status_code == 200, "admission keeps its own limit"
+
+
+@pytest.mark.parametrize("output", ["diff", "yaml"])
+def test_the_largest_preview_takes_a_fraction_of_the_preview_timeout(output: str) -> None:
+    """preview.maxBodyBytes (1 MiB) of Flyte pods as JSON: output=diff took 12 s of CPU while PyYAML's own
+    writer made the YAML, so the worker was stopped at preview.timeoutSeconds (10 s) and the answer was 503;
+    under 2 s since (docs/http-api.md has the cost of each output). CPU time, not wall time: the machine
+    may be busy."""
+    flyte = load_yaml(Path(__file__).parent.parent / "examples" / "flyte-1.15-pod.yaml")
+    count = (1024 * 1024 - 100) // (len(orjson.dumps(flyte)) + 1)
+    body = orjson.dumps({"apiVersion": "v1", "kind": "List", "items": [flyte] * count})
+    assert len(body) <= build_settings({}).preview.max_body_bytes
+    started = time.process_time()
+    answer, _ = preview(body, "application/json", {"output": output}, build_settings({}))
+    cpu = time.process_time() - started
+    assert answer.count(b"\nkind: Pod\n" if output == "yaml" else b"\n+++ Pod/bq2m4-n1-0 (after)") == count
+    assert cpu < 5, f"{cpu:.1f} s of CPU for output={output}"
 
 
 # --- request targets and duplicate keys ----------------------------------------------------------------------

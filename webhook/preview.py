@@ -6,10 +6,10 @@ with the patch, the mutated object, the reason for every operation and the warni
 
 from __future__ import annotations
 
-import copy
 import difflib
+import io
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
@@ -134,7 +134,9 @@ def _entry(
     answer = decision(decided, settings)
     changes = [] if decided is None else decided.changes
     patch: list[Operation] = [{**c.op, "path": prefix + c.op["path"]} for c in changes] if answer.patch else []
-    mutated = jsonpatch.apply_patch(obj, patch) if patch else copy.deepcopy(obj)
+    # A JSON value copies through orjson in 19 us (a Flyte pod), through deepcopy in 270; unpatched, the
+    # object is only read from here on, so it needs no copy.
+    mutated = jsonpatch.apply_patch(orjson.loads(orjson.dumps(obj)), patch, in_place=True) if patch else obj
     return {
         "kind": kind,
         "name": _name(obj),
@@ -225,16 +227,73 @@ def preview_one(where: str, obj: Any, settings: Settings, query: Query, namespac
     return _entry(kind, obj, decided, prefix, settings, query)
 
 
-def _yaml(obj: Any) -> str:
-    return yaml.safe_dump(obj, sort_keys=False, default_flow_style=False)
+_STR, _MAP, _SEQ = "tag:yaml.org,2002:str", "tag:yaml.org,2002:map", "tag:yaml.org,2002:seq"
+_REPRESENTER = yaml.SafeDumper(io.StringIO())  # for what is not a string, number, boolean or null
+_SCALARS: dict[type, tuple[str, Callable[[Any], str]]] = {
+    bool: ("tag:yaml.org,2002:bool", lambda v: "true" if v else "false"),
+    int: ("tag:yaml.org,2002:int", str),
+    float: ("tag:yaml.org,2002:float", lambda v: str(_REPRESENTER.represent_float(v).value)),
+    type(None): ("tag:yaml.org,2002:null", lambda _v: "null"),
+}
 
 
-def _diff(entry: PreviewEntry) -> str:
+class _Dumper(yaml.CSafeDumper if yaml.__with_libyaml__ else yaml.SafeDumper):  # type: ignore[misc]
+    """PyYAML's safe dumper, two thirds of its cost taken out (a preview's YAML and diff output were 85% of
+    its time): libyaml's emitter, and the question "would this plain scalar read back as a string?" asked
+    once per distinct scalar of a preview rather than twice per scalar (keys and images repeat)."""
+
+    resolved: dict[str, str]
+
+    def resolve(self, kind: type[yaml.Node], value: Any, implicit: tuple[bool, bool]) -> Any:
+        if kind is not yaml.ScalarNode:
+            return super().resolve(kind, value, implicit)
+        if not implicit[0]:
+            return _STR  # the tag of a quoted scalar: always a string
+        tag = self.resolved.get(value)
+        if tag is None:
+            tag = self.resolved[value] = super().resolve(kind, value, implicit)
+        return tag
+
+
+def _node(value: Any) -> yaml.Node:
+    """The node SafeRepresenter makes of a JSON value (block style, no anchors), without its dispatch and
+    alias bookkeeping."""
+    if isinstance(value, str):
+        return yaml.ScalarNode(_STR, value)
+    if isinstance(value, dict):
+        return yaml.MappingNode(_MAP, [(_node(k), _node(v)) for k, v in value.items()], flow_style=False)
+    if isinstance(value, list):
+        return yaml.SequenceNode(_SEQ, [_node(v) for v in value], flow_style=False)
+    scalar = _SCALARS.get(type(value))
+    if scalar is None:
+        node: yaml.Node = _REPRESENTER.represent_data(value)
+        return node
+    tag, text = scalar
+    return yaml.ScalarNode(tag, text(value))
+
+
+def _yaml(obj: Any, resolved: dict[str, str]) -> str:
+    """What `yaml.safe_dump(obj, sort_keys=False, default_flow_style=False)` writes: byte for byte where the
+    text needs no escapes, as Kubernetes objects' text does; elsewhere the same values written libyaml's
+    way (`'': x` for `? ''`, long escaped strings folded elsewhere). Seeded tests check both. `resolved` is
+    shared by the objects of one answer."""
+    out = io.StringIO()
+    dumper = _Dumper(out, default_flow_style=False, sort_keys=False)
+    dumper.resolved = resolved
+    dumper.open()
+    dumper.serialize(_node(obj))
+    dumper.close()
+    return out.getvalue()
+
+
+def _diff(entry: PreviewEntry, resolved: dict[str, str]) -> str:
+    if not entry["patch"]:
+        return ""  # unchanged: nothing to write, nothing to compare
     label = f"{entry['kind']}/{entry['name']}"
     return "".join(
         difflib.unified_diff(
-            _yaml(entry["_before"]).splitlines(keepends=True),
-            _yaml(entry["object"]).splitlines(keepends=True),
+            _yaml(entry["_before"], resolved).splitlines(keepends=True),
+            _yaml(entry["object"], resolved).splitlines(keepends=True),
             fromfile=f"{label} (before)",
             tofile=f"{label} (after)",
         )
@@ -243,10 +302,11 @@ def _diff(entry: PreviewEntry) -> str:
 
 def render(entries: list[PreviewEntry], output: str, as_list: bool) -> tuple[bytes, str]:
     """The answer's bytes and content type for the requested output."""
+    resolved: dict[str, str] = {}
     if output == "yaml":
-        return "---\n".join(_yaml(e["object"]) for e in entries).encode(), "application/yaml"
+        return "---\n".join(_yaml(e["object"], resolved) for e in entries).encode(), "application/yaml"
     if output == "diff":
-        return "".join(_diff(e) for e in entries).encode(), "text/x-diff; charset=utf-8"
+        return "".join(_diff(e, resolved) for e in entries).encode(), "text/x-diff; charset=utf-8"
     if output == "patch":
         patches = [e["patch"] for e in entries]
         return orjson.dumps(patches if as_list else patches[0]), "application/json-patch+json"
