@@ -19,6 +19,7 @@ import os
 import shutil
 import ssl
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
@@ -37,10 +38,23 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from certs.authority import KeyPair, generate_ca, issue_serving, write_atomic
 from tests.server_process import free_port, stop_process
 
-# The namespace's side of the veth pair (where the API server listens), the host's side, and the Service
-# range whose addresses the namespace's loopback interface answers for.
-NS_ADDRESS = "10.223.255.2"
-HOST_ADDRESS = "10.223.255.1"
+
+def _veth_addresses() -> tuple[str, str]:
+    """A /30 of 10.223.0.0/16 for this test process's veth pair (host side, namespace side), chosen from
+    its process id and not used by any interface: test runs side by side on one machine never share one."""
+    used = subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True, check=False).stdout
+    base = int(ipaddress.ip_address("10.223.0.0"))
+    for step in range(16384):
+        index = (os.getpid() + step) % 16384
+        host, inside = (str(ipaddress.ip_address(base + 4 * index + offset)) for offset in (1, 2))
+        if f" {host}/" not in used and f" {inside}/" not in used:
+            return host, inside
+    raise RuntimeError("no free /30 in 10.223.0.0/16 for the control plane's veth pair")
+
+
+# The host's side of the veth pair and the namespace's side (where the API server listens), and the
+# Service range whose addresses the namespace's loopback interface answers for.
+HOST_ADDRESS, NS_ADDRESS = _veth_addresses() if shutil.which("ip") else ("10.223.255.1", "10.223.255.2")
 SERVICE_RANGE = "10.96.0.0/24"
 API_PORT = 6443
 
@@ -258,6 +272,30 @@ class ControlPlane:
             if event["user"]["username"] == user and event["stage"] == "ResponseComplete":
                 events.append(event)
         return events
+
+    def etcd(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """etcd's JSON gateway, from inside the namespace where it listens."""
+        script = (
+            "import sys, urllib.request; "
+            f"r = urllib.request.urlopen(urllib.request.Request('http://127.0.0.1:{self.etcd_port}{path}', "
+            "data=sys.stdin.buffer.read(), method='POST')); print(r.read().decode())"
+        )
+        done = subprocess.run(
+            self.netns.command([sys.executable, "-c", script]),
+            input=json.dumps(body).encode(),
+            capture_output=True,
+            timeout=30,
+            check=True,
+        )
+        result = json.loads(done.stdout)
+        assert isinstance(result, dict)
+        return result
+
+    def compact_etcd(self) -> None:
+        """etcd forgets every revision before now, as its periodic compaction does: a watch or a continue
+        token from before gets 410 Gone."""
+        revision = int(self.etcd("/v3/kv/range", {"key": "AA=="})["header"]["revision"])
+        self.etcd("/v3/kv/compaction", {"revision": revision, "physical": True})
 
     def restart_apiserver(self) -> None:
         """Every watch ends; clients resume from the resourceVersion they last saw."""

@@ -623,13 +623,14 @@ class FakeAPIServer:
 
 def node(name: str, runtime: str = "containerd://1.7.11", labels: dict[str, str] | None = None,
          annotations: dict[str, str] | None = None, images: int = 50) -> dict[str, Any]:  # fmt: skip
-    """A realistic Node: the image list, conditions, addresses and capacity a kubelet reports."""
+    """A realistic Node: the image list, conditions, addresses and capacity a kubelet reports, and the
+    managed fields the API server records of them."""
     conditions = [
         {"type": t, "status": "False" if t != "Ready" else "True", "lastHeartbeatTime": "2026-11-30T03:00:00Z",
          "lastTransitionTime": "2026-11-01T00:00:00Z", "reason": f"Kubelet{t}", "message": f"kubelet reports {t}"}
         for t in ("MemoryPressure", "DiskPressure", "PIDPressure", "Ready")
     ]  # fmt: skip
-    return {
+    obj: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": {
@@ -638,7 +639,11 @@ def node(name: str, runtime: str = "containerd://1.7.11", labels: dict[str, str]
             "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", **(labels or {})},
             "annotations": {"node.alpha.kubernetes.io/ttl": "0", **(annotations or {})},
         },
-        "spec": {"podCIDR": "10.244.1.0/24", "providerID": f"aws:///eu-west-1a/i-{name}"},
+        "spec": {
+            "podCIDR": "10.244.1.0/24",
+            "podCIDRs": ["10.244.1.0/24"],
+            "providerID": f"aws:///eu-west-1a/i-{name}",
+        },
         "status": {
             "capacity": {"cpu": "8", "memory": "32Gi", "pods": "110"},
             "allocatable": {"cpu": "7910m", "memory": "31Gi", "pods": "110"},
@@ -668,6 +673,49 @@ def node(name: str, runtime: str = "containerd://1.7.11", labels: dict[str, str]
             ],
         },
     }
+    obj["metadata"]["managedFields"] = managed_fields(obj)
+    return obj
+
+
+def _fields(value: Any, keys: dict[str, str]) -> dict[str, Any]:
+    """Server-side apply's FieldsV1 set of what `value` holds: maps field by field, the lists keyed by a
+    merge key (addresses and conditions by type) item by item, sets by value, other lists whole."""
+    if not isinstance(value, dict):
+        return {}
+    fields: dict[str, Any] = {}
+    for key, item in value.items():
+        if isinstance(item, dict):
+            fields[f"f:{key}"] = {".": {}, **_fields(item, keys)} if key in MAPS else _fields(item, keys)
+        elif isinstance(item, list) and key in SETS:
+            fields[f"f:{key}"] = {".": {}, **{f"v:{json.dumps(v)}": {} for v in item}}
+        elif isinstance(item, list) and key in keys:
+            merge = keys[key]
+            entries = {
+                f"k:{json.dumps({merge: e[merge]}, separators=(',', ':'))}": {".": {}, **_fields(e, keys)} for e in item
+            }
+            fields[f"f:{key}"] = {".": {}, **entries}
+        else:
+            fields[f"f:{key}"] = {}
+    return fields
+
+
+MAPS = {"labels", "annotations", "capacity", "allocatable"}  # fields the API server tracks as a whole map too
+SETS = {"podCIDRs"}  # lists whose items are their own keys
+
+
+def managed_fields(obj: dict[str, Any]) -> list[dict[str, Any]]:
+    """What the API server records of a Node created (metadata and spec) and then given its status, as a
+    kubelet registers one; real Table rows carry it in each row's metadata (tests/test_fake_fidelity.py)."""
+    keys = {"addresses": "type", "conditions": "type"}
+    common = {"manager": "kubelet", "operation": "Update", "apiVersion": "v1", "time": "2026-11-01T00:00:00Z"}
+    created = {"f:metadata": _fields({k: v for k, v in obj["metadata"].items() if k in MAPS}, keys)}
+    if obj.get("spec"):
+        created["f:spec"] = _fields(obj["spec"], keys)
+    status = {"f:status": _fields(obj.get("status") or {}, keys)}
+    return [
+        {**common, "fieldsType": "FieldsV1", "fieldsV1": created},
+        {**common, "fieldsType": "FieldsV1", "fieldsV1": status, "subresource": "status"},
+    ]
 
 
 def namespace(name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:

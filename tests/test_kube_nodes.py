@@ -4,9 +4,6 @@ the API server ends with 410 Gone after etcd compacted its history."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -121,25 +118,6 @@ def test_a_node_that_changes_runtime_is_seen_within_a_second(kube_admin: Kube, s
         _set_runtime(kube_admin, "n-crio", NODES["n-crio"][0])
 
 
-def _etcd(plane: ControlPlane, path: str, body: Obj) -> Obj:
-    """etcd's JSON gateway, from inside the namespace where it listens."""
-    script = (
-        "import sys, urllib.request; "
-        f"r = urllib.request.urlopen(urllib.request.Request('http://127.0.0.1:{plane.etcd_port}{path}', "
-        "data=sys.stdin.buffer.read(), method='POST')); print(r.read().decode())"
-    )
-    done = subprocess.run(
-        plane.netns.command([sys.executable, "-c", script]),
-        input=json.dumps(body).encode(),
-        capture_output=True,
-        timeout=30,
-        check=True,
-    )
-    result = json.loads(done.stdout)
-    assert isinstance(result, dict)
-    return result
-
-
 def test_a_watch_ended_by_410_gone_after_compaction_is_survived(
     kube: ControlPlane, kube_admin: Kube, server: ChartPods
 ) -> None:
@@ -147,8 +125,7 @@ def test_a_watch_ended_by_410_gone_after_compaction_is_survived(
     # server's watch resumes from a resourceVersion that no longer exists and gets 410 Gone.
     for i in range(20):
         kube_admin.create(f"/api/v1/namespaces/{POD_NAMESPACE}/configmaps", {"metadata": {"name": f"churn-{i}"}})
-    revision = int(_etcd(kube, "/v3/kv/range", {"key": "AA=="})["header"]["revision"])
-    _etcd(kube, "/v3/kv/compaction", {"revision": revision, "physical": True})
+    kube.compact_etcd()
     kube.restart_apiserver()
     add_node(kube_admin, "n-late", "docker://24.0.7")
     try:
