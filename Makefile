@@ -75,3 +75,11 @@ flyte-pods: $(BIN)/copilot-webhook
 
 clean:
 	rm -rf $(VENV) $(CERTS) .mypy_cache .ruff_cache .pytest_cache .hypothesis
+
+# Pod creation through the real kube-apiserver at 50 and 200 pods/s with no webhook, ours (installed by the
+# chart) and go-floor (registered the same way), side by side: make bench-pods ANCHORS=<dir with go-floor/>.
+# Needs root and `make go-tools`; about 5 minutes.
+.PHONY: bench-pods
+bench-pods: $(BIN)/copilot-webhook
+	@test -n "$(ANCHORS)" || { echo "make bench-pods ANCHORS=<dir with go-floor/>"; exit 2; }
+	$(BIN)/python bench/pods_bench.py --anchors $(ANCHORS)

@@ -1,0 +1,585 @@
+"""Pod creation through the real kube-apiserver, at a fixed rate, with and without a mutating webhook in
+the admission chain: what a user of the webhook feels, in one run on one control plane.
+
+    python bench/pods_bench.py --anchors DIR [--pods 2000] [--rates 50,200] [--rounds 1] [--connections 64]
+
+The control plane is the tests' (tests/controlplane.py: etcd and kube-apiserver built by `make go-tools`,
+in a network namespace whose loopback answers for the Service range; needs root). The chart is installed
+by Helm with default values and its server runs as its ServiceAccount (tests/kube_support.py), listening
+on its Service's ClusterIP and port. Go-floor (DIR/go-floor, built with the installed Go) gets a Service,
+a serving certificate for `<service>.<namespace>.svc` and a webhook of its own, a copy of the chart's
+SYS_PTRACE webhook (rules, matchConditions, failure policy, timeout) with its clientConfig; our server's
+`/mutate/ptrace` is registered the same way, so it is measured doing exactly go-floor's work too.
+
+Targets, one namespace each per phase, the same pod in all of them:
+  none         no webhook is called (the pods carry the label the chart's objectSelector exempts, and no
+               other webhook selects the namespace)
+  ours         the chart's MutatingWebhookConfiguration as installed: the SYS_PTRACE and image-puller
+               webhooks, two calls per pod
+  ours-ptrace  our server's /mutate/ptrace alone, registered like go-floor: one call per pod
+  go-floor     the Go standard-library webhook, one call per pod
+
+Each phase sends `--pods` creates (after two seconds of unmeasured warm-up at the same rate) on a schedule,
+open loop: a create starts when it is due, whatever the earlier ones are doing, over a pool of keep-alive
+HTTPS connections (asyncio on uvloop, httptools parsing the answers). Latency is from the start of the
+create (waiting for a free connection included) to the end of the API server's answer (the stored pod).
+The target rate is met when the measured creates started at 97% of it or more, none 100 ms late. Within
+a round, the targets run in turn at one rate, then at the next; later rounds reverse the order. Each
+phase's pods are deleted after it (they are unscheduled, so the API server removes them at once): at most
+one phase's pods are stored at a time, and every create is a real one (no dryRun).
+
+CPU is read from /proc/<pid>/stat (user + system, children included) of each server process and its
+descendants, over the measured part of each phase: the webhook's CPU per 1,000 pods admitted, and the API
+server's and etcd's for scale.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import copy
+import json
+import os
+import platform
+import shutil
+import ssl
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httptools
+import httpx
+import uvloop
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.load import build_go_floor  # noqa: E402 - the anchor's build
+from certs.authority import ca_bundle, generate_ca, issue_serving, service_dns_names, write_atomic  # noqa: E402
+from tests import gotools  # noqa: E402
+from tests.controlplane import API_PORT, NS_ADDRESS, ControlPlane, control_plane  # noqa: E402
+from tests.kube_support import ChartPods, Kube, Obj, Release, mwc_path, release, wait_for  # noqa: E402
+from tests.server_process import stop_process  # noqa: E402
+
+REVIEW = ROOT / "bench" / "data" / "flyte-1.15-review.json"
+RELEASE = "cw"
+TARGETS = ("none", "ours", "ours-ptrace", "go-floor")
+TARGET_LABEL = "bench.copilot-webhook.io/webhook"  # selects a namespace for one of the bench's webhooks
+BENCH_MWC = "copilot-webhook-bench"
+GO_FLOOR = "go-floor"  # its Service's name and namespace
+GO_PORT = 8443  # the chart's server has 443 on every address of the namespace
+WARMUP_SECONDS = 2.0
+
+
+# --- CPU from /proc ------------------------------------------------------------------------------------
+
+
+def _proc_table() -> dict[int, tuple[int, float]]:
+    """pid -> (ppid, CPU seconds: utime + stime + cutime + cstime) of every process."""
+    tick = os.sysconf("SC_CLK_TCK")
+    table = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as handle:
+                stat = handle.read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(b")") + 2 :].split()  # the command name may hold spaces and parentheses
+        ppid = int(fields[1])
+        ticks = sum(int(f) for f in fields[11:15])  # utime, stime, cutime, cstime
+        table[int(entry)] = (ppid, ticks / tick)
+    return table
+
+
+def cpu_seconds(roots: dict[str, int]) -> dict[str, float]:
+    """CPU seconds so far of each named process and its living descendants (exited ones are counted in
+    their parent's cutime/cstime once reaped)."""
+    table = _proc_table()
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    totals = {}
+    for name, root in roots.items():
+        total, stack = 0.0, [root]
+        while stack:
+            pid = stack.pop()
+            if pid in table:
+                total += table[pid][1]
+                stack.extend(children.get(pid, ()))
+        totals[name] = total
+    totals["client"] = time.process_time()  # this process: the load generator
+    return totals
+
+
+# --- the pods --------------------------------------------------------------------------------------
+
+
+def template() -> Obj:
+    """The anchors' Flyte 1.15 copilot pod (bench/data, the body `make bench` posts): the primary container
+    has no securityContext, so every webhook here has the same work, SYS_PTRACE on it."""
+    pod = json.loads(REVIEW.read_text())["request"]["object"]
+    pod["metadata"].pop("namespace", None)
+    assert isinstance(pod, dict)
+    return pod
+
+
+def bodies(pod: Obj, prefix: str, count: int, labels: dict[str, str]) -> list[bytes]:
+    out = []
+    for i in range(count):
+        obj = copy.deepcopy(pod)
+        obj["metadata"]["name"] = f"{prefix}-{i:05d}"
+        obj["metadata"].setdefault("labels", {}).update(labels)
+        out.append(json.dumps(obj, separators=(",", ":")).encode())
+    return out
+
+
+# --- the load generator's connections ---------------------------------------------------------------
+
+
+class _Answer:
+    """httptools' callbacks for one response."""
+
+    def __init__(self) -> None:
+        self.body = bytearray()
+        self.complete = False
+        self.close = False  # the server said Connection: close (HTTP/1.1 keeps the connection otherwise)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if name.lower() == b"connection" and value.lower() == b"close":
+            self.close = True
+
+    def on_body(self, data: bytes) -> None:
+        self.body += data
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+
+
+Stream = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+
+
+class Pool:
+    """Up to `size` keep-alive HTTPS connections to the API server, HTTP/1.1 with httptools parsing the
+    answers: a few tens of microseconds of this process per create, where httpx's pool costs milliseconds
+    on this machine and grows with the number of creates waiting for a connection. A create beyond `size`
+    waits for a free connection (counted as the pool running out)."""
+
+    def __init__(self, host: str, port: int, context: ssl.SSLContext, size: int) -> None:
+        self.host, self.port, self.context, self.size = host, port, context, size
+        self._idle: asyncio.Queue[Stream | None] = asyncio.Queue()
+        self._open = 0
+        self.opened = 0  # connections opened, replacements included
+        self.waited = 0  # creates that found every connection busy
+
+    async def _take(self) -> Stream:
+        if self._idle.empty():
+            if self._open < self.size:
+                self._open += 1
+                return await self._connect()
+            self.waited += 1
+        stream = await self._idle.get()
+        return stream if stream is not None else await self._connect()
+
+    async def _connect(self) -> Stream:
+        try:
+            stream = await asyncio.open_connection(self.host, self.port, ssl=self.context)
+        except BaseException:
+            self._idle.put_nowait(None)  # a slot to open again
+            raise
+        self.opened += 1
+        return stream
+
+    async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\nContent-Type: application/json\r\n"
+            f"Accept: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        )
+        reader, writer = stream = await self._take()
+        answer = _Answer()
+        parser = httptools.HttpResponseParser(answer)
+        try:
+            writer.write(head.encode() + body)
+            while not answer.complete:
+                data = await reader.read(65536)
+                if not data:
+                    raise ConnectionError("the API server closed the connection")
+                parser.feed_data(data)
+        except BaseException:
+            writer.close()
+            self._idle.put_nowait(None)
+            raise
+        if answer.close:
+            writer.close()
+            self._idle.put_nowait(None)
+        else:
+            self._idle.put_nowait(stream)
+        return parser.get_status_code(), bytes(answer.body)
+
+    async def close(self) -> None:
+        while not self._idle.empty():
+            stream = self._idle.get_nowait()
+            if stream is not None:
+                stream[1].close()
+
+
+# --- one phase -------------------------------------------------------------------------------------
+
+
+@dataclass
+class Phase:
+    target: str
+    rate: int
+    round: int
+    latencies: list[float] = field(default_factory=list)  # seconds, measured creates answered 201
+    errors: Counter[str] = field(default_factory=Counter)
+    mutated: int = 0  # measured pods stored with SYS_PTRACE
+    sent_rate: float = 0.0  # measured creates started per second
+    late: float = 0.0  # the latest start behind schedule, seconds
+    max_in_flight: int = 0
+    connections: int = 0  # connections the phase opened
+    waited: int = 0  # creates that waited for a free connection
+    cpu: dict[str, float] = field(default_factory=dict)  # CPU seconds over the measured part
+    calls: float = 0.0  # our server's admission requests per pod created (warm-up included)
+
+    def pct(self, q: float) -> float:
+        ordered = sorted(self.latencies)
+        if not ordered:
+            return float("nan")
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
+
+    @property
+    def met(self) -> bool:
+        return self.sent_rate >= 0.97 * self.rate and self.late < 0.1
+
+
+async def drive(
+    plane: ControlPlane,
+    path: str,
+    load: Sequence[bytes],
+    warmup: int,
+    rate: int,
+    phase: Phase,
+    processes: dict[str, int],
+    connections: int,
+) -> None:
+    """Send `load` at `rate` a second, open loop; the first `warmup` creates are not measured."""
+    in_flight = 0
+    starts: list[float] = []
+    pool = Pool(NS_ADDRESS, API_PORT, plane.ssl_context(), connections)
+
+    async def one(index: int, body: bytes) -> None:
+        nonlocal in_flight
+        measured = index >= warmup
+        in_flight += 1
+        phase.max_in_flight = max(phase.max_in_flight, in_flight)
+        started = time.perf_counter()
+        try:
+            async with asyncio.timeout(60):
+                status, content = await pool.post(path, body)
+        except (OSError, TimeoutError) as err:
+            if measured:
+                phase.errors[type(err).__name__] += 1
+            return
+        finally:
+            in_flight -= 1
+        elapsed = time.perf_counter() - started
+        if not measured:
+            return
+        if status != 201:
+            phase.errors[str(status)] += 1
+            return
+        phase.latencies.append(elapsed)
+        phase.mutated += b'"SYS_PTRACE"' in content
+
+    tasks = []
+    t0 = time.perf_counter() + 0.05
+    before: dict[str, float] = {}
+    for index, body in enumerate(load):
+        due = t0 + index / rate
+        delay = due - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        if index == warmup:
+            before = cpu_seconds(processes)
+        now = time.perf_counter()
+        if index >= warmup:
+            starts.append(now)
+            phase.late = max(phase.late, now - due)
+        tasks.append(asyncio.create_task(one(index, body)))
+    await asyncio.gather(*tasks)
+    after = cpu_seconds(processes)
+    await pool.close()
+    phase.connections, phase.waited = pool.opened, pool.waited
+    phase.cpu = {name: after[name] - before[name] for name in after}
+    phase.sent_rate = (len(starts) - 1) / (starts[-1] - starts[0]) if len(starts) > 1 else 0.0
+
+
+# --- the webhooks ----------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def go_floor(kube: Kube, plane: ControlPlane, binary: Path, work: Path) -> Iterator[tuple[Obj, int]]:
+    """Go-floor behind a Service of its own, listening in the control plane's namespace on the Service port;
+    yields its clientConfig and pid."""
+    kube.create_namespace(GO_FLOOR)
+    service = {
+        "metadata": {"name": GO_FLOOR},
+        "spec": {"ports": [{"name": "https", "port": GO_PORT, "targetPort": GO_PORT}], "selector": {"app": GO_FLOOR}},
+    }
+    kube.create(f"/api/v1/namespaces/{GO_FLOOR}/services", service)
+    ca = generate_ca("go-floor bench CA")
+    serving = issue_serving(ca, service_dns_names(GO_FLOOR, GO_FLOOR))
+    cert, key = work / "go-floor.crt", work / "go-floor.key"
+    write_atomic(cert, serving.cert_pem, 0o600)
+    write_atomic(key, serving.key_pem, 0o600)
+    log = work / "go-floor.log"
+    with log.open("wb") as out:
+        argv = [str(binary), "-addr", f"0.0.0.0:{GO_PORT}", "-cert", str(cert), "-key", str(key)]
+        process = subprocess.Popen(plane.netns.command(argv), stdout=out, stderr=out)
+    try:
+        listening = wait_for(lambda: _answers(f"https://{NS_ADDRESS}:{GO_PORT}/mutate"), timeout=30)
+        assert listening, f"go-floor did not start: {log.read_text()}"
+        config = {
+            "service": {"name": GO_FLOOR, "namespace": GO_FLOOR, "path": "/mutate", "port": GO_PORT},
+            "caBundle": ca_bundle(ca),
+        }
+        yield config, process.pid
+    finally:
+        stop_process(process)
+
+
+def _answers(url: str) -> bool:
+    try:
+        httpx.get(url, verify=False, timeout=1)
+    except httpx.HTTPError:
+        return False
+    return True
+
+
+def register(kube: Kube, chart: Release, go_config: Obj) -> None:
+    """One webhook for our /mutate/ptrace and one for go-floor, each a copy of the chart's SYS_PTRACE
+    webhook (as the server has promoted it) with its own clientConfig, selecting its own namespaces."""
+    installed = kube.get(mwc_path(chart.fullname))["webhooks"]
+    (ptrace,) = (w for w in installed if w["name"].startswith("ptrace."))
+    ours_config = copy.deepcopy(ptrace["clientConfig"])
+    ours_config["service"]["path"] = "/mutate/ptrace"
+    webhooks = []
+    for target, config in (("ours-ptrace", ours_config), ("go-floor", go_config)):
+        webhook = {k: v for k, v in ptrace.items() if k not in {"name", "clientConfig", "objectSelector"}}
+        webhook.update(
+            name=f"{target}.bench.copilot-webhook.io",
+            clientConfig=config,
+            namespaceSelector={"matchLabels": {TARGET_LABEL: target}},
+        )
+        webhooks.append(webhook)
+    kube.create(
+        "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations",
+        {"metadata": {"name": BENCH_MWC}, "webhooks": webhooks},
+    )
+
+
+# --- the run ---------------------------------------------------------------------------------------
+
+
+def _binaries() -> tuple[Path, Path]:
+    version = gotools.go_version()
+    paths = [gotools.cached_path(gotools.TOOLS[n], version) for n in ("etcd", "kube-apiserver")] if version else []
+    if len(paths) != 2 or not all(p.exists() for p in paths):
+        sys.exit(f"etcd and kube-apiserver are not built: run `{gotools.MAKE_TARGET}` (needs Go)")
+    return paths[0], paths[1]
+
+
+def _preflight(anchors: Path) -> Path:
+    missing = [tool for tool in ("ip", "nsenter") if shutil.which(tool) is None]
+    if os.geteuid() != 0:
+        missing.append("root")
+    if missing:
+        sys.exit(f"the control plane needs {', '.join(missing)}")
+    # Every control plane puts the same addresses on its veth pair: two at once would take each other's traffic.
+    others = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout.split()
+    if any(name.startswith("cwk") for name in others):
+        sys.exit("another test control plane is running on this machine (ip netns list): try again when it ends")
+    binary = build_go_floor(anchors)
+    if binary is None:
+        sys.exit("go-floor needs Go")
+    return binary
+
+
+def _cleanup(kube: Kube, namespace: str) -> None:
+    """Delete the phase's pods (unscheduled pods go at once) and wait until none is left."""
+    kube.delete(f"/api/v1/namespaces/{namespace}/pods")
+    gone = wait_for(lambda: not kube.get(f"/api/v1/namespaces/{namespace}/pods", limit="1")["items"], timeout=120)
+    assert gone, f"the pods of {namespace} were not deleted"
+
+
+def admission_requests(pods: ChartPods) -> float:
+    """Our server's /mutate* requests so far, from its /metrics."""
+    total = 0.0
+    for line in pods.metrics().splitlines():
+        if line.startswith("copilot_webhook_requests_total{") and 'path="/mutate' in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def _loadavg() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+async def run(args: argparse.Namespace, go_binary: Path, work: Path) -> tuple[list[Phase], dict[str, str]]:
+    etcd, apiserver = _binaries()
+    info: dict[str, str] = {"load before": _loadavg()}
+    with control_plane(work / "kube", etcd, apiserver) as plane:
+        kube = Kube(plane)
+        chart = release(kube, RELEASE, work)
+        pods = ChartPods(chart, work)
+        pods.run("replica")
+        try:
+            assert wait_for(lambda: "" not in chart.bundles(), timeout=60), pods.output()
+            info["chart webhooks"] = ", ".join(f"{n} ({p})" for n, p in chart.policies().items())
+            with go_floor(kube, plane, go_binary, work) as (go_config, go_pid):
+                register(kube, chart, go_config)
+                processes = {
+                    "ours": pods.replica.process.pid if pods.replica else 0,
+                    "go-floor": go_pid,
+                    **{p.name: p.popen.pid for p in plane.processes},
+                }
+                phases = await _phases(args, kube, plane, pods, processes)
+        finally:
+            pods.stop()
+            kube.close()
+    info["load after"] = _loadavg()
+    return phases, info
+
+
+async def _phases(
+    args: argparse.Namespace, kube: Kube, plane: ControlPlane, pods: ChartPods, processes: dict[str, int]
+) -> list[Phase]:
+    chart = pods.release
+    pod = template()
+    exempt = {"copilot-webhook.io/webhook-release": chart.fullname}  # the chart's objectSelector skips these
+    phases = []
+    for round_ in range(args.rounds):
+        order = TARGETS if round_ % 2 == 0 else TARGETS[::-1]
+        for rate in args.rates:
+            for target in order:
+                namespace = f"{target}-{rate}-r{round_ + 1}"
+                labels = {} if target in {"none", "ours"} else {TARGET_LABEL: target}
+                kube.create_namespace(namespace, labels)
+                warmup = int(WARMUP_SECONDS * rate)
+                load = bodies(pod, "pod", warmup + args.pods, {} if target == "ours" else exempt)
+                await asyncio.sleep(1)  # the namespace reaches the server's namespace cache
+                phase = Phase(target, rate, round_ + 1)
+                path = f"/api/v1/namespaces/{namespace}/pods"
+                calls = admission_requests(pods)
+                await drive(plane, path, load, warmup, rate, phase, processes, args.connections)
+                phase.calls = (admission_requests(pods) - calls) / len(load)
+                phases.append(phase)
+                print(_line(phase), file=sys.stderr, flush=True)
+                _cleanup(kube, namespace)
+    return phases
+
+
+def _line(p: Phase) -> str:
+    return (
+        f"round {p.round} {p.rate}/s {p.target}: p50 {p.pct(0.5):.1f} ms p99 {p.pct(0.99):.1f} ms, "
+        f"sent {p.sent_rate:.1f}/s, late {p.late * 1000:.0f} ms, in flight {p.max_in_flight}, "
+        f"connections {p.connections}, waited {p.waited}, our server's calls per pod {p.calls:.2f}, "
+        f"mutated {p.mutated}/{len(p.latencies)}, errors {dict(p.errors)}, "
+        + ", ".join(f"{k} {v:.2f} s" for k, v in p.cpu.items())
+    )
+
+
+# --- the report ------------------------------------------------------------------------------------
+
+
+def report(phases: list[Phase], args: argparse.Namespace, info: dict[str, str]) -> str:
+    def med(target: str, rate: int, value: str) -> float:
+        chosen = [p for p in phases if p.target == target and p.rate == rate]
+        if value in {"p50", "p99"}:
+            return statistics.median(p.pct(0.5 if value == "p50" else 0.99) for p in chosen)
+        if value == "webhook cpu":
+            server = "ours" if target.startswith("ours") else target
+            return statistics.median(p.cpu[server] * 1000 / max(1, len(p.latencies)) for p in chosen)
+        return statistics.median(p.cpu[value] * 1000 / max(1, len(p.latencies)) for p in chosen)
+
+    lines = [
+        f"{args.pods} pods a phase after {WARMUP_SECONDS:.0f} s of warm-up, {args.rounds} round(s), "
+        f"{args.connections} connections; {os.cpu_count()} CPUs, load average {info['load before']} before and "
+        f"{info['load after']} after; Python {platform.python_version()}",
+        f"chart webhooks (failure policy): {info['chart webhooks']}",
+        "",
+        "| rate | target | p50 ms | p99 ms | added p50 ms | added p99 ms | webhook CPU s / 1,000 pods "
+        "| kube-apiserver CPU s / 1,000 | etcd CPU s / 1,000 | client CPU s / 1,000 | our server's calls / pod "
+        "| rate met | most in flight | mutated | errors |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|",
+    ]
+    for rate in args.rates:
+        base50, base99 = med("none", rate, "p50"), med("none", rate, "p99")
+        for target in TARGETS:
+            chosen = [p for p in phases if p.target == target and p.rate == rate]
+            p50, p99 = med(target, rate, "p50"), med(target, rate, "p99")
+            added = "" if target == "none" else f"{p50 - base50:.1f} | {p99 - base99:.1f}"
+            cpu = "" if target == "none" else f"{med(target, rate, 'webhook cpu'):.2f}"
+            met = (
+                "yes"
+                if all(p.met for p in chosen)
+                else "no (" + ", ".join(f"{p.sent_rate:.0f}/s" for p in chosen) + ")"
+            )
+            mutated = f"{sum(p.mutated for p in chosen)}/{sum(len(p.latencies) for p in chosen)}"
+            errors = sum(sum(p.errors.values()) for p in chosen)
+            lines.append(
+                f"| {rate}/s | {target} | {p50:.1f} | {p99:.1f} | {added or ' | '} | {cpu} "
+                f"| {med(target, rate, 'kube-apiserver'):.2f} | {med(target, rate, 'etcd'):.2f} "
+                f"| {med(target, rate, 'client'):.2f} | {statistics.median(p.calls for p in chosen):.2f} | {met} "
+                f"| {max(p.max_in_flight for p in chosen)} | {mutated} | {errors} |"
+            )
+    lines.append("")
+    for rate in args.rates:
+        floor99 = med("go-floor", rate, "p99") - med("none", rate, "p99")
+        floor_cpu = med("go-floor", rate, "webhook cpu")
+        for target in ("ours", "ours-ptrace"):
+            added99 = med(target, rate, "p99") - med("none", rate, "p99")
+            ratio99 = added99 / floor99 if floor99 > 0 else float("inf")
+            ratio_cpu = med(target, rate, "webhook cpu") / floor_cpu if floor_cpu > 0 else float("inf")
+            lines.append(
+                f"- {rate}/s, {target} ÷ go-floor: added p99 {ratio99:.2f}x (goal 1.5x), "
+                f"webhook CPU {ratio_cpu:.2f}x (goal 2x)"
+            )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--anchors", type=Path, required=True)
+    parser.add_argument("--pods", type=int, default=2000, help="measured creates per phase")
+    parser.add_argument("--rates", type=lambda s: [int(r) for r in s.split(",")], default=[50, 200])
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--connections", type=int, default=64)
+    parser.add_argument("--keep", action="store_true", help="keep the work folder (logs of every process)")
+    args = parser.parse_args()
+    go_binary = _preflight(args.anchors.resolve())
+    work = Path(tempfile.mkdtemp(prefix="copilot-webhook-pods-bench-"))
+    started = time.monotonic()
+    try:
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            phases, info = runner.run(run(args, go_binary, work))
+    finally:
+        if args.keep:
+            print(f"work folder kept: {work}", file=sys.stderr)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+    print(report(phases, args, info))
+    print(f"\n(the run took {time.monotonic() - started:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
