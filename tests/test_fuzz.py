@@ -23,11 +23,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.asgi import call
-from tests.server_process import client_context, running_server
+from tests.server_process import client_context, free_port, running_server
 from tests.support import pod
+from webhook.api import PATHS as API_PATHS
 from webhook.config import build_settings
 from webhook.preview import _yaml
-from webhook.server import WebhookApp
+from webhook.server import ROUTES, WebhookApp
 
 PATHS = ["/mutate", "/mutate/ptrace", "/mutate/image-puller", "/preview"]
 CONTENT_TYPES = ["application/json", "application/yaml", "text/yaml", "text/plain", ""]
@@ -252,6 +253,100 @@ def test_hostile_requests_at_the_http_level_are_answered(tls_dir: Path, tmp_path
                 assert answer == b"" or answer.startswith(b"HTTP/1.1 4"), answer[:200]
         assert client.get("/healthz").status_code == 200
     assert "Traceback" not in server.output()
+
+
+METHODS = ["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"]
+EVERY_PATH = [*ROUTES, *API_PATHS, "/static-offline-docs/swagger-ui.css", "/nope"]
+
+
+def test_every_405_lists_methods_the_path_takes() -> None:
+    """Every path under every method: no 5xx, and a 405's Allow names methods that are then not refused
+    (it once said POST for FastAPI's GET pages)."""
+    for path in EVERY_PATH:
+        for method in METHODS:
+            res = call(APP, method, path)
+            assert res.status_code < 500, (method, path, res.text[:200])
+            if res.status_code != 405:
+                continue
+            allow = res.headers["allow"]
+            if method != "HEAD":  # an answer to HEAD has no body
+                assert res.json() == {"error": f"{path} takes {allow}, not {method}"}
+            for allowed in allow.split(", "):
+                assert allowed != method
+                assert call(APP, allowed, path).status_code != 405, (allowed, path)
+
+
+# A head's shape: method, path, the number of filler headers, the size of one large value, an Upgrade.
+heads = st.tuples(
+    st.sampled_from(METHODS),
+    st.sampled_from(EVERY_PATH),
+    st.one_of(st.integers(0, 20), st.integers(90, 110), st.integers(200, 2000)),
+    st.one_of(st.just(0), st.integers(1, 1000), st.integers(20_000, 40_000), st.integers(60_000, 300_000)),
+    st.sampled_from(
+        [b"", b"upgrade: websocket\r\nconnection: Upgrade\r\n", b"upgrade: h2c\r\nconnection: Upgrade\r\n"]
+    ),
+)
+
+
+def _answer(conn: socket.socket, method: str) -> bytes:
+    """The answer's head and body (Content-Length), or what came before the connection closed."""
+    answer = b""
+    with contextlib.suppress(OSError):
+        while chunk := conn.recv(65536):
+            answer += chunk
+            head, _, body = answer.partition(b"\r\n\r\n")
+            lengths = [int(line[15:]) for line in head.lower().split(b"\r\n") if line.startswith(b"content-length:")]
+            if _ and (method == "HEAD" or (lengths and len(body) >= lengths[0])):
+                break
+    return answer
+
+
+@pytest.mark.parametrize("port", ["admission", "metrics"])
+def test_hostile_heads_are_answered_without_a_5xx(tls_dir: Path, tmp_path: Path, port: str) -> None:
+    """Seeded heads with many headers, large ones and protocol upgrades, on the TLS port and the plain
+    metrics port: a head over the bounds (100 fields, 32 KB) is 431; within them, it is routed; nothing
+    is upgraded; no answer is a 5xx, and memory stays bounded."""
+    metrics_port = free_port()
+    config = f"server:\n  metricsPort: {metrics_port}\n"
+    with running_server(tls_dir, tmp_path / "srv", config=config) as server:
+        start_rss = _rss_kb(server.process.pid)
+
+        def connect() -> socket.socket:
+            if port == "metrics":
+                return socket.create_connection(("127.0.0.1", metrics_port), timeout=10)
+            raw = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+            return client_context(server.ca).wrap_socket(raw, server_hostname="localhost")
+
+        @settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+        @given(head=heads)
+        def send(head: tuple[str, str, int, int, bytes]) -> None:
+            method, path, fields, big, upgrade = head
+            request = (
+                f"{method} {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n".encode()
+                + upgrade
+                + b"".join(b"x-%d: v\r\n" % i for i in range(fields))
+                + (b"x-big: " + b"a" * big + b"\r\n" if big else b"")
+                + b"\r\n"
+            )
+            with connect() as conn:
+                with contextlib.suppress(OSError):  # refused before it was all written: the answer tells
+                    conn.sendall(request)
+                answer = _answer(conn, method)
+            status = int(answer[9:12]) if answer.startswith(b"HTTP/1.1 ") else 0
+            too_many = fields + 2 + bool(upgrade) * 2 + bool(big) > 100
+            assert status != 0 or too_many or big > 32_000, answer[:200]  # only a refusal may be cut short
+            assert status < 500, answer[:300]
+            assert not answer.startswith(b"HTTP/1.1 101")
+            if too_many or len(request) > 40_000:
+                assert status in (0, 431), answer[:200]
+            elif len(request) < 30_000:
+                assert status != 431, answer[:200]
+
+        send()
+        assert _rss_kb(server.process.pid) - start_rss < 30_000
+        assert server.process.poll() is None
+    assert "Traceback" not in server.output()
+    assert " ERROR " not in server.output()
 
 
 RAW_REQUESTS = [
