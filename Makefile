@@ -83,3 +83,10 @@ clean:
 bench-pods: $(BIN)/copilot-webhook
 	@test -n "$(ANCHORS)" || { echo "make bench-pods ANCHORS=<dir with go-floor/>"; exit 2; }
 	$(BIN)/python bench/pods_bench.py --anchors $(ANCHORS)
+
+# The real server under sustained mixed load (reviews, previews, scrapes, refused requests, SIGHUPs), loopback
+# only and bounded in time; fails on a failed check, an error in the log or memory growth (bench/soak.py).
+SOAK_SECONDS ?= 180
+.PHONY: soak
+soak: $(BIN)/copilot-webhook
+	$(BIN)/python bench/soak.py --seconds $(SOAK_SECONDS)
