@@ -226,10 +226,13 @@ class ChartPods:
         return spec
 
     def _config_file(self, pod_dir: Path) -> Path:
-        """The ConfigMap's file as the kubelet projects it."""
+        """The ConfigMap's file as the kubelet projects it, its paths into the pod's volumes made the pod's
+        folder here (the server writes its certificate where server.tlsCert says)."""
         path = pod_dir / "etc" / "config.yaml"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(self._get("configmaps")["data"]["config.yaml"])
+        text = self._get("configmaps")["data"]["config.yaml"]
+        path.write_text(text.replace(" /tls/", f" {pod_dir / 'tls'}/"))
+        assert "/tls/" not in text.replace(" /tls/", ""), "a path into the tls volume that is not localised"
         return path
 
     def service_address(self) -> tuple[str, int]:
@@ -410,7 +413,9 @@ class Hooks:
         condition = {"status": "True", "lastProbeTime": finished, "lastTransitionTime": finished}
         status: Obj = {"startTime": started_at}
         if done.returncode == 0:
-            status.update(completionTime=finished, succeeded=1, conditions=[{"type": "Complete", **condition}])
+            # The Job controller of 1.35 sets SuccessCriteriaMet before Complete; validation requires both.
+            conditions = [{"type": "SuccessCriteriaMet", **condition}, {"type": "Complete", **condition}]
+            status.update(completionTime=finished, succeeded=1, conditions=conditions)
         else:
             conditions = [{"type": "FailureTarget", **condition}, {"type": "Failed", **condition}]
             status.update(failed=1, conditions=conditions)

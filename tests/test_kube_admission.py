@@ -23,7 +23,10 @@ from tests.controlplane import HOST_ADDRESS
 from tests.kube_support import ChartPods, Kube, Obj, mwc_path, release, started
 from tests.test_kube_install import EXAMPLE, pod, ptrace_holders
 
-GOLDEN_PODS = sorted((Path(__file__).parent / "golden" / "pods").glob("*.yaml"))
+# The golden pods and the pods Flyte's own code prints (tests/flyte/pods/).
+GOLDEN_PODS = sorted((Path(__file__).parent / "golden" / "pods").glob("*.yaml")) + sorted(
+    (Path(__file__).parent / "flyte" / "pods").glob("*/*.yaml")
+)
 NAMESPACE = "cwadm"
 PLAIN = "admission-plain"  # opted out: the API server's own defaulting and nothing else
 WEBHOOKED = "admission-webhooked"
@@ -54,9 +57,9 @@ def _comparable(pod: Obj) -> Obj:
     return result
 
 
-@pytest.mark.parametrize("path", GOLDEN_PODS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", GOLDEN_PODS, ids=lambda p: f"{p.parent.name}/{p.stem}")
 def test_stored_exactly_as_preview_predicted(kube_admin: Kube, server: ChartPods, path: Path) -> None:
-    name = f"g-{path.stem}"[:50].rstrip("-.")
+    name = f"g-{path.parent.name}-{path.stem}".replace(".", "-")[:50].rstrip("-")
     as_the_webhook_sees_it = kube_admin.create_pod(PLAIN, pod(path, name), dry_run=True)
     as_the_webhook_sees_it["metadata"]["namespace"] = WEBHOOKED
     answer = server.https("POST", f"/preview?namespace={WEBHOOKED}", json=as_the_webhook_sees_it)

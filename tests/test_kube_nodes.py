@@ -22,6 +22,7 @@ PULLER = "copilot-webhook-image-puller"
 NODES: dict[str, tuple[str, dict[str, str]]] = {
     "n-containerd": ("containerd://1.7.11", {}),
     "n-docker": ("docker://24.0.7", {}),
+    "n-docker2": ("docker://24.0.7", {}),
     "n-crio": ("cri-o://1.28.0", {}),
     "n-k3s": ("containerd://1.7.7-k3s1.27", {}),
     "n-custom": (
@@ -32,6 +33,7 @@ NODES: dict[str, tuple[str, dict[str, str]]] = {
 SOCKETS = {
     "n-containerd": ("containerd", "/run/containerd/containerd.sock"),
     "n-docker": ("docker", "/var/run/docker.sock"),
+    "n-docker2": ("docker", "/var/run/docker.sock"),
     "n-crio": ("cri-o", "/var/run/crio/crio.sock"),
     "n-k3s": ("containerd", "/run/k3s/containerd/containerd.sock"),
     "n-custom": ("containerd", "/var/run/custom/containerd.sock"),
@@ -97,11 +99,13 @@ def test_node_selector_and_required_affinity_narrow_the_candidates(kube_admin: K
 
 
 def test_disagreeing_candidates_pin_the_majority_runtime(kube_admin: Kube, server: ChartPods) -> None:
-    stored = kube_admin.create_pod(POD_NAMESPACE, _copilot_pod("anywhere"))
-    assert _puller(stored) == SOCKETS["n-containerd"]
+    term = {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["docker", "docker2", "containerd"]}]}
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
+    stored = kube_admin.create_pod(POD_NAMESPACE, _copilot_pod("two-to-one", affinity=affinity))
+    assert _puller(stored) == SOCKETS["n-docker"]
     required = stored["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-    expressions = [e for term in required["nodeSelectorTerms"] for e in term["matchExpressions"]]
-    assert expressions == [{"key": "copilot-webhook.io/container-runtime", "operator": "In", "values": ["containerd"]}]
+    pinned = {"key": "copilot-webhook.io/container-runtime", "operator": "In", "values": ["docker"]}
+    assert [t["matchExpressions"] for t in required["nodeSelectorTerms"]] == [[*term["matchExpressions"], pinned]]
 
 
 def _created_on(kube: Kube, node: str) -> tuple[str, str] | None:
