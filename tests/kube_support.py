@@ -195,7 +195,9 @@ class Replica:
 class ChartPods:
     """Runs the rendered Deployment's init container and server container for a release."""
 
-    def __init__(self, release: Release, workdir: Path) -> None:
+    def __init__(self, release: Release, workdir: Path, source: Path | None = None) -> None:
+        """`source`: a checkout of another version of the server to run (an upgrade's starting point)."""
+        self.source = source
         self.kube = release.kube
         self.plane = release.kube.plane
         self.release = release
@@ -243,7 +245,7 @@ class ChartPods:
         token = self.kube.token(self.release.namespace, service_account)
         kubeconfig = self.plane.kubeconfig(pod_dir / "kubeconfig", token=token)
         host, port = self.service_address()
-        return child_env(
+        env = child_env(
             KUBECONFIG=str(kubeconfig),
             POD_NAMESPACE=self.release.namespace,
             POD_IP=host,
@@ -253,6 +255,9 @@ class ChartPods:
             COPILOT_WEBHOOK_SERVER__PORT=str(port),
             HOME=str(pod_dir),
         )
+        if self.source is not None:  # another version's code, not measured by this checkout's coverage
+            env = {k: v for k, v in env.items() if not k.startswith("COVERAGE")} | {"PYTHONPATH": str(self.source)}
+        return env
 
     def command(self, container: Obj, pod_dir: Path, config: Path) -> list[str]:
         """The container's arguments with its mounts replaced by the pod's folder on this machine."""
