@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.kube_support import ChartPods, Kube, KubeError, release, started, wait_for
+from tests.test_chart import render
 from tests.test_kube_install import pod, ptrace_holders
 
 PODS = Path(__file__).parent / "golden" / "pods"
@@ -106,3 +107,26 @@ def test_a_pod_annotated_out_is_left_as_it_is(kube_admin: Kube, server: ChartPod
     stored = kube_admin.create_pod("annotated", pod(FLYTE_115, "annotated", **{"copilot-webhook.io/inject": "false"}))
     assert ptrace_holders(stored) == [PRIMARY]
     assert "copilot-webhook.io/mutated" not in stored["metadata"]["annotations"]
+
+
+@pytest.mark.parametrize("prefix", ["a", "0", "flyte-copilot-", "x-" * 25, "a" + "-" * 49])
+def test_every_allowed_name_prefix_compiles_on_the_real_server(kube_admin: Kube, prefix: str) -> None:
+    """The schema allows [a-z0-9][-a-z0-9]{0,49}; the API server compiles the CEL written from it at create
+    (dry run: nothing stored), for the webhook's matchConditions and the policy's expressions."""
+    values = {**VALUES, "copilot": {"namePrefix": prefix}}
+    objects = render(values, kube_version="1.35.4")
+    for kind in ("MutatingWebhookConfiguration", "ValidatingAdmissionPolicy"):
+        (obj,) = (o for key, o in objects.items() if key.startswith(f"{kind}/"))
+        collection = kube_admin.path_of(obj).rsplit("/", 1)[0]
+        kube_admin.create(collection, obj, dry_run=True)
+
+
+def test_the_real_server_refuses_cel_that_does_not_compile(kube_admin: Kube) -> None:
+    """The check above can fail: a matchCondition that does not compile is refused at create."""
+    objects = render(VALUES, kube_version="1.35.4")
+    (mwc,) = (o for key, o in objects.items() if key.startswith("MutatingWebhookConfiguration/"))
+    mwc["webhooks"][0]["matchConditions"][0]["expression"] = "object.spec.containers.exists(c, c.name.startsWith("
+    with pytest.raises(KubeError) as refused:
+        kube_admin.create(kube_admin.path_of(mwc).rsplit("/", 1)[0], mwc, dry_run=True)
+    assert refused.value.status == 422
+    assert "compilation failed" in refused.value.message
