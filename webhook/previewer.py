@@ -1,9 +1,10 @@
 """Previews in worker processes, so that no preview slows an admission review.
 
-A preview parses, plans and renders up to `preview.maxBodyBytes` of YAML in pure Python: about a second
-of CPU. In a thread of the server's own process it holds the GIL against the event loop, and in one
-measurement /mutate/ptrace fell from 7,715 to 338 req/s (p99 4 ms -> 196 ms) while previews ran
-(bench/preview_isolation.py). A worker process runs on the other core instead.
+A preview parses, plans and renders up to `preview.maxBodyBytes` in Python: up to 1.7 s of CPU for 1 MiB
+of JSON, about 7 s for 1 MiB of YAML (docs/http-api.md has each output's cost). In a thread of the
+server's own process it holds the GIL against the event loop, and in one measurement /mutate/ptrace fell
+from 7,715 to 338 req/s (p99 4 ms -> 196 ms) while previews ran (bench/preview_isolation.py). A worker
+process runs on the other core instead.
 
 Each worker is one spawned process answering one job at a time over a pipe; `preview.concurrency`
 workers at most, started on the first preview. A job carries the body, query, settings, the namespaces'
