@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from webhook.mutation.globs import glob_matcher
+from webhook.globs import glob_matcher
 
 
 @pytest.mark.parametrize(

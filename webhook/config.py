@@ -24,7 +24,7 @@ from pydantic.alias_generators import to_camel
 from webhook import __version__
 from webhook.documents import decode_text, load_yaml_documents
 from webhook.errors import ConfigError, DocumentError, InvalidReference
-from webhook.mutation.globs import glob_matcher
+from webhook.globs import glob_matcher
 from webhook.references import parse
 
 ENV_PREFIX = "COPILOT_WEBHOOK_"
