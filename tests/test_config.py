@@ -104,15 +104,18 @@ def test_values_derived_from_settings_are_computed_once_and_not_pickled() -> Non
     receives the settings pickled without them and derives its own."""
     import pickle
 
+    from webhook.mutation.puller import container_template
+
     settings = build_settings({"imagePuller": {"exclude": []}})
     puller = settings.image_puller
-    assert puller.container_template is puller.container_template
+    assert puller.memo(container_template) is puller.memo(container_template)
     assert puller.unwanted("anything") is None
     assert settings.copilot.image_matcher("cr.flyte.org/flyteorg/flytecopilot:v1.15.0")
     copy = pickle.loads(pickle.dumps(settings))
     assert copy == settings
-    assert "container_template" not in copy.image_puller.__dict__
-    assert copy.image_puller.container_template == puller.container_template
+    assert "_memo" in puller.__dict__
+    assert "_memo" not in copy.image_puller.__dict__
+    assert copy.image_puller.memo(container_template) == puller.memo(container_template)
 
 
 def _undescribed(model: type[BaseModel], prefix: str = "") -> list[str]:

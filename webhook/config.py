@@ -16,7 +16,7 @@ import re
 from collections.abc import Callable, Mapping
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
@@ -29,6 +29,9 @@ from webhook.references import parse
 
 ENV_PREFIX = "COPILOT_WEBHOOK_"
 CONFIG_ENV = "COPILOT_WEBHOOK_CONFIG"
+_MEMO = "_memo"
+
+T = TypeVar("T")
 
 PtraceMode = Literal["add", "drop", "keep"]
 PtraceTarget = Literal["primary", "sidecar", "all"]
@@ -50,6 +53,16 @@ class _Section(BaseModel):
         state = super().__getstate__()
         state["__dict__"] = {k: v for k, v in state["__dict__"].items() if k in type(self).model_fields}
         return state
+
+    def memo(self, derive: Callable[[Self], T]) -> T:
+        """`derive(self)`, computed once per section (sections are immutable and replaced whole on reload) for
+        the code that owns the derivation, which this module need not know; kept like a cached property,
+        so not pickled."""
+        memos: dict[Callable[[Self], Any], Any] = self.__dict__.setdefault(_MEMO, {})
+        if derive not in memos:
+            memos[derive] = derive(self)
+        value: T = memos[derive]
+        return value
 
 
 class PtraceSettings(_Section):
@@ -268,13 +281,6 @@ class ImagePullerSettings(_Section):
             except InvalidReference:
                 own.add(self.puller_images.of(flavour))
         return frozenset(own)
-
-    @cached_property
-    def container_template(self) -> dict[str, Any]:
-        """The parts of the puller container that depend on these settings alone (mutation/puller.py)."""
-        from webhook.mutation.puller import container_template
-
-        return container_template(self)
 
     @field_validator("registries")
     @classmethod

@@ -86,7 +86,7 @@ def secrets_volume(names: list[str]) -> dict[str, Any]:
 def puller_container(
     runtime: Runtime, images: list[str], settings: ImagePullerSettings, secrets: list[str] | None = None
 ) -> dict[str, Any]:
-    template = settings.container_template
+    template = settings.memo(container_template)
     mounts: list[dict[str, Any]] = [{"name": VOLUME_NAME, "mountPath": runtime.socket}]
     args = [f"--runtime={runtime.client}", f"--socket={runtime.socket}"]
     if secrets:
@@ -118,7 +118,7 @@ def puller_container(
 
 def container_template(settings: ImagePullerSettings) -> dict[str, Any]:
     """The parts of the puller container that depend on the settings alone, built once per settings
-    (ImagePullerSettings.container_template). Shared between answers: nothing downstream mutates a
+    (ImagePullerSettings.memo). Shared between answers: nothing downstream mutates a
     planned value."""
     resources = {
         k: v
