@@ -4,7 +4,7 @@ runtimes of the nodes this returns."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
 from webhook.mutation.errors import PodShapeError
@@ -20,27 +20,36 @@ def _strings(value: Any, where: str) -> list[str]:
     return value
 
 
+def _numeric(have: str | None, values: list[str], greater: bool) -> bool:
+    if have is None:
+        return False
+    try:
+        have_n, want = int(have), int(values[0])
+    except ValueError:
+        return False
+    return have_n > want if greater else have_n < want
+
+
+# What each operator asks of a node's value for the key (None: the node has no such label) and the values.
+_OPERATORS: dict[str, Callable[[str | None, list[str]], bool]] = {
+    "In": lambda have, values: have is not None and have in values,
+    "NotIn": lambda have, values: have is None or have not in values,
+    "Exists": lambda have, _values: have is not None,
+    "DoesNotExist": lambda have, _values: have is None,
+    "Gt": lambda have, values: _numeric(have, values, greater=True),
+    "Lt": lambda have, values: _numeric(have, values, greater=False),
+}
+
+
 def _expression_matches(expr: Any, labels: Mapping[str, str], where: str) -> bool:
     if not isinstance(expr, dict) or not isinstance(expr.get("key"), str):
         raise PodShapeError(f"{where} must be an object with a string key")
     key, op = expr["key"], expr.get("operator")
     values = _strings(expr.get("values"), f"{where}.values")
-    present = key in labels
-    if op == "In":
-        return present and labels[key] in values
-    if op == "NotIn":
-        return not present or labels[key] not in values
-    if op == "Exists":
-        return present
-    if op == "DoesNotExist":
-        return not present
-    if op in ("Gt", "Lt") and len(values) == 1:
-        try:
-            have, want = int(labels[key]), int(values[0])
-        except (KeyError, ValueError):
-            return False
-        return have > want if op == "Gt" else have < want
-    raise PodShapeError(f"{where}.operator {op!r} is not one of In, NotIn, Exists, DoesNotExist, Gt, Lt")
+    test = _OPERATORS.get(op) if isinstance(op, str) else None
+    if test is None or (op in ("Gt", "Lt") and len(values) != 1):
+        raise PodShapeError(f"{where}.operator {op!r} is not one of In, NotIn, Exists, DoesNotExist, Gt, Lt")
+    return test(labels.get(key), values)
 
 
 def _term_matches(term: Any, name: str, labels: Mapping[str, str], where: str) -> bool:
@@ -76,24 +85,56 @@ def required_terms(spec: dict[str, Any]) -> list[Any] | None:
     return terms
 
 
+def _by_selector(snapshot: NodeSnapshot, selector: Mapping[str, str]) -> list[str]:
+    """The nodes carrying every nodeSelector pair, exactly."""
+    sets: list[Collection[str]] = [snapshot.by_label.get((k, v), ()) for k, v in selector.items()]
+    sizes = [len(names) for names in sets]
+    common = set(sets[sizes.index(min(sizes))])  # start from the smallest: a hostname's is one name
+    for names in sets:
+        common.intersection_update(names)
+    return sorted(common)
+
+
+def _by_first_in(snapshot: NodeSnapshot, term: dict[str, Any]) -> list[str] | None:
+    """The nodes carrying one of the values of the term's first `In` expression; None without one."""
+    for expr in term.get("matchExpressions") or ():
+        if isinstance(expr, dict) and expr.get("operator") == "In" and isinstance(expr.get("values"), list):
+            found: set[str] = set()
+            for value in expr["values"]:
+                found.update(snapshot.by_label.get((str(expr.get("key")), str(value)), ()))
+            return sorted(found)
+    return None
+
+
 def _indexed(snapshot: NodeSnapshot, selector: Mapping[str, str] | None, terms: list[Any] | None) -> Iterable[str]:
     """A superset of the candidates from the label index, so a request does not walk thousands of nodes:
     the nodes carrying every nodeSelector pair, or, with one required term, its first `In` values."""
     if selector:
-        sets: list[Collection[str]] = [snapshot.by_label.get((k, v), ()) for k, v in selector.items()]
-        sizes = [len(names) for names in sets]
-        common = set(sets[sizes.index(min(sizes))])  # start from the smallest: a hostname's is one name
-        for names in sets:
-            common.intersection_update(names)
-        return sorted(common)
+        return _by_selector(snapshot, selector)
     if terms is not None and len(terms) == 1 and isinstance(terms[0], dict):
-        for expr in terms[0].get("matchExpressions") or ():
-            if isinstance(expr, dict) and expr.get("operator") == "In" and isinstance(expr.get("values"), list):
-                found: set[str] = set()
-                for value in expr["values"]:
-                    found.update(snapshot.by_label.get((str(expr.get("key")), str(value)), ()))
-                return sorted(found)
+        found = _by_first_in(snapshot, terms[0])
+        if found is not None:
+            return found
     return snapshot.nodes
+
+
+def _node_selector(spec: dict[str, Any]) -> dict[str, str] | None:
+    selector = spec.get("nodeSelector")
+    if selector is not None and (
+        not isinstance(selector, dict) or not all(isinstance(v, str) for v in selector.values())
+    ):
+        raise PodShapeError("spec.nodeSelector must be an object of strings")
+    return selector
+
+
+_TERMS = "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms"
+
+
+def _allowed(name: str, labels: Mapping[str, str], selector: Mapping[str, str] | None, terms: list[Any]) -> bool:
+    """The node carries every nodeSelector pair and matches one of the required terms."""
+    if selector and any(labels.get(k) != v for k, v in selector.items()):
+        return False
+    return any(_term_matches(t, name, labels, f"{_TERMS}[{i}]") for i, t in enumerate(terms))
 
 
 def candidate_nodes(view: PodView, snapshot: NodeSnapshot) -> list[str] | None:
@@ -103,24 +144,10 @@ def candidate_nodes(view: PodView, snapshot: NodeSnapshot) -> list[str] | None:
     node_name = spec.get("nodeName")
     if isinstance(node_name, str) and node_name:
         return [node_name]
-    selector = spec.get("nodeSelector")
-    if selector is not None and (
-        not isinstance(selector, dict) or not all(isinstance(v, str) for v in selector.values())
-    ):
-        raise PodShapeError("spec.nodeSelector must be an object of strings")
+    selector = _node_selector(spec)
     terms = required_terms(spec)
-    if not selector and terms is None:
-        return None
-    where = "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms"
-    if selector and terms is None:
-        return list(_indexed(snapshot, selector, None))  # the index answers a nodeSelector exactly
-    chosen = []
+    if terms is None:
+        # Without required terms the index answers a nodeSelector exactly; without either, every node.
+        return list(_indexed(snapshot, selector, None)) if selector else None
     nodes = snapshot.nodes
-    for name in _indexed(snapshot, selector, terms):
-        labels = nodes[name].labels
-        if selector and any(labels.get(k) != v for k, v in selector.items()):
-            continue
-        if terms is not None and not any(_term_matches(t, name, labels, f"{where}[{i}]") for i, t in enumerate(terms)):
-            continue
-        chosen.append(name)
-    return chosen
+    return [name for name in _indexed(snapshot, selector, terms) if _allowed(name, nodes[name].labels, selector, terms)]
