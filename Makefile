@@ -8,10 +8,10 @@ PORT   ?= 8443
 
 .PHONY: run test lint typecheck imports pytest bench bench-micro bench-nodes clean go-tools
 
-$(BIN)/copilot-webhook: pyproject.toml
+$(BIN)/copilot-webhook: pyproject.toml requirements/images.lock
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[dev]' -c requirements/images.lock
 	@touch $@
 
 $(CERTS)/tls.crt: | $(BIN)/copilot-webhook
