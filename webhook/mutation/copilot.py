@@ -138,14 +138,23 @@ def grant(c: Container, why: str) -> list[tuple[Operation, str]]:
     return ops
 
 
+def _adds_all_undropped(added: list[str] | None, dropped: list[str] | None) -> bool:
+    """`add: [ALL]` without a drop of SYS_PTRACE: ALL grants SYS_PTRACE too."""
+    return (
+        bool(added)
+        and any(name.upper() == "ALL" for name in added or ())
+        and not any(is_ptrace(d) for d in dropped or ())
+    )
+
+
 def revoke(c: Container, result: PtraceResult, why: str = "ptrace.mode drop removes SYS_PTRACE") -> None:
     sc, _caps, added, dropped = _capabilities(c)
     base = c.path + "/securityContext/capabilities"
     for i in reversed(range(len(added or ()))):
         if is_ptrace(added[i]):  # type: ignore[index]
             result.ops.append((remove(f"{base}/add/{i}"), f"{c.name}: {why}"))
-    if added and any(name.upper() == "ALL" for name in added) and not any(is_ptrace(d) for d in dropped or ()):
-        # "add: [ALL]" grants SYS_PTRACE too; the runtimes apply drops after adds, so dropping it wins.
+    if _adds_all_undropped(added, dropped):
+        # The runtimes apply drops after adds, so dropping SYS_PTRACE wins over ALL.
         why = f"{c.name}: adds ALL capabilities; SYS_PTRACE is dropped explicitly"
         op = add(base + "/drop/-", CAPABILITY) if dropped is not None else add(base + "/drop", [CAPABILITY])
         result.ops.append((op, why))
@@ -181,22 +190,28 @@ def data_volumes(copilot: Copilot) -> set[str]:
     return volumes
 
 
-def primary_container(view: PodView, copilot: Copilot) -> Container:
-    """The container Flyte made primary: named by `primary_container_name` when present (Flyte sets it on
-    single-container pods only), else the one regular container that mounts the copilot's data volumes."""
-    regular = [c for c in view.containers if c.field == "containers" and c not in copilot.members]
-    named = view.annotation(PRIMARY_ANNOTATION)
-    if named is not None:
-        chosen = [c for c in regular if c.name == named]
-        if not chosen:
-            raise Undecidable(f"{PRIMARY_ANNOTATION} {named!r} names no regular container")
-        return chosen[0]
+def _named_primary(regular: list[Container], named: str) -> Container:
+    chosen = [c for c in regular if c.name == named]
+    if not chosen:
+        raise Undecidable(f"{PRIMARY_ANNOTATION} {named!r} names no regular container")
+    return chosen[0]
+
+
+def _mounting_primary(regular: list[Container], copilot: Copilot) -> Container:
     volumes = data_volumes(copilot)
     chosen = [c for c in regular if any(name in volumes for name, _path in _mounts(c))]
     if len(chosen) != 1:
         found = ", ".join(c.name for c in chosen) or "none"
         raise Undecidable(f"no single primary container: mounting the copilot's volumes: {found[:60]}")
     return chosen[0]
+
+
+def primary_container(view: PodView, copilot: Copilot) -> Container:
+    """The container Flyte made primary: named by `primary_container_name` when present (Flyte sets it on
+    single-container pods only), else the one regular container that mounts the copilot's data volumes."""
+    regular = [c for c in view.containers if c.field == "containers" and c not in copilot.members]
+    named = view.annotation(PRIMARY_ANNOTATION)
+    return _mounting_primary(regular, copilot) if named is None else _named_primary(regular, named)
 
 
 # The chart's matchConditions test the same owners and labels in CEL; keep the two alike (test_match_conditions).

@@ -14,7 +14,7 @@ from typing import Any, Literal
 from webhook.config import Settings
 from webhook.mutation.copilot import Copilot, PtraceResult, find_copilot, flyte_owned, plan_ptrace
 from webhook.mutation.errors import Undecidable
-from webhook.mutation.facts import INJECT_LABEL, MODE_LABEL, Facts
+from webhook.mutation.facts import INJECT_LABEL, MODE_LABEL, ClusterFacts, Facts
 from webhook.mutation.pod import PodView, read_pod
 from webhook.mutation.pointer import Operation, add, join
 from webhook.mutation.puller import PullerResult, plan_puller
@@ -91,13 +91,31 @@ def summary_change(view: PodView, parts: Mapping[str, str]) -> Change | None:
     return Change(add(_MUTATED_PATH, value), why)
 
 
+def _opted_out(view: PodView, cluster: ClusterFacts) -> PlanSkip | None:
+    if view.annotation(INJECT_ANNOTATION) == "false":
+        return "pod-opt-out"
+    if cluster.label(INJECT_LABEL) == "disabled":
+        return "namespace-opt-out"
+    return None
+
+
+def _record(out: Plan, view: PodView) -> None:
+    """The mutated annotation for the kinds that mutated, and shadow mode's warning."""
+    summary = {kind: out.audit[kind] for kind, outcome in out.outcomes.items() if outcome.mutated}
+    if summary:
+        recorded_change = summary_change(view, summary)
+        if recorded_change is not None:
+            out.changes.append(recorded_change)
+    if out.shadow and out.changes:
+        out.warnings.append(f"shadow mode: {len(out.changes)} patch operation(s) computed but not applied")
+
+
 def plan(pod: Any, facts: Facts, settings: Settings, kinds: Collection[str] = KINDS) -> Plan:
     view = read_pod(pod)
     cluster = facts.cluster
-    if view.annotation(INJECT_ANNOTATION) == "false":
-        return _skip_all(kinds, "pod-opt-out")
-    if cluster.label(INJECT_LABEL) == "disabled":
-        return _skip_all(kinds, "namespace-opt-out")
+    opted_out = _opted_out(view, cluster)
+    if opted_out is not None:
+        return _skip_all(kinds, opted_out)
     shadow = settings.mode == "shadow" or cluster.label(MODE_LABEL) == "shadow"
 
     out = Plan(shadow=shadow)
@@ -111,13 +129,7 @@ def plan(pod: Any, facts: Facts, settings: Settings, kinds: Collection[str] = KI
     if PULLER in kinds:
         _plan_puller(out, undecided, view, copilot is not None, facts, settings)
 
-    summary = {kind: out.audit[kind] for kind, outcome in out.outcomes.items() if outcome.mutated}
-    if summary:
-        recorded_change = summary_change(view, summary)
-        if recorded_change is not None:
-            out.changes.append(recorded_change)
-    if shadow and out.changes:
-        out.warnings.append(f"shadow mode: {len(out.changes)} patch operation(s) computed but not applied")
+    _record(out, view)
     out.undecided = "; ".join(undecided) or None
     return out
 

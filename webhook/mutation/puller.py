@@ -16,7 +16,7 @@ from webhook.config import ImagePullerSettings
 from webhook.errors import InvalidReference
 from webhook.mutation.errors import PodShapeError, Undecidable
 from webhook.mutation.facts import Facts
-from webhook.mutation.pod import PodView
+from webhook.mutation.pod import Container, PodView
 from webhook.mutation.pointer import Operation, add, join
 from webhook.mutation.reasons import PullerSkip
 from webhook.mutation.runtime import Runtime, decide_runtime
@@ -41,6 +41,21 @@ def _kubelet_pulls_anyway(container: dict[str, Any], reference: Reference) -> bo
     return policy is None and reference.digest is None and reference.tag == "latest"
 
 
+def _pullable(c: Container) -> tuple[str, Reference] | None:
+    """The container's image, and its reference, when the kubelet will pull it and the puller may: not an
+    ephemeral container, not the puller, not `Never`, a reference that parses (else the API server
+    refuses it: nothing to pull)."""
+    if c.field == "ephemeralContainers" or c.name == PULLER_NAME:
+        return None
+    image = c.body.get("image")
+    if not isinstance(image, str) or not image or c.body.get("imagePullPolicy") == "Never":
+        return None
+    try:
+        return image, parse(image)
+    except InvalidReference:
+        return None
+
+
 def select_images(view: PodView, settings: ImagePullerSettings) -> list[str]:
     """Images of the pod's containers and init containers that match `images` and not `exclude`, without
     the puller's own, those the kubelet never pulls (`Never`) or pulls anyway (`Always`), normalised the
@@ -48,15 +63,10 @@ def select_images(view: PodView, settings: ImagePullerSettings) -> list[str]:
     wanted, unwanted, own = settings.wanted, settings.unwanted, settings.own_images
     chosen: list[str] = []
     for c in view.containers:
-        if c.field == "ephemeralContainers" or c.name == PULLER_NAME:
+        pullable = _pullable(c)
+        if pullable is None:
             continue
-        image = c.body.get("image")
-        if not isinstance(image, str) or not image or c.body.get("imagePullPolicy") == "Never":
-            continue
-        try:
-            reference = parse(image)
-        except InvalidReference:
-            continue  # the API server refuses it; nothing to pull
+        image, reference = pullable
         normalised = str(reference)
         if normalised in own or normalised in chosen or _kubelet_pulls_anyway(c.body, reference):
             continue
@@ -150,21 +160,32 @@ def socket_volume(runtime: Runtime) -> dict[str, Any]:
     return {"name": VOLUME_NAME, "hostPath": {"path": runtime.socket, "type": "Socket"}}
 
 
+def _volume_names(view: PodView) -> set[Any]:
+    volumes = view.spec.get("volumes") or []
+    if not isinstance(volumes, list):
+        raise PodShapeError("spec.volumes must be an array")
+    return {v.get("name") for v in volumes if isinstance(v, dict)}
+
+
+def _clash(container: bool, names: set[Any], recorded: bool) -> str | None:
+    """The name of ours the pod uses without our record of having put all of ours there, if any."""
+    volume = VOLUME_NAME in names
+    if (container or volume) and not (recorded and container and volume):
+        return PULLER_NAME if container else VOLUME_NAME
+    if SECRETS_VOLUME in names and not (recorded and container):
+        return SECRETS_VOLUME
+    return None
+
+
 def already_injected(view: PodView, recorded: bool) -> bool:
     """True when our puller is in place. A container or volume with our names that we did not record
     putting there is someone else's: a clash, never silently reused, and Undecidable (spec 1.3)."""
     container = any(c.name == PULLER_NAME for c in view.containers)
-    volumes = view.spec.get("volumes") or []
-    if not isinstance(volumes, list):
-        raise PodShapeError("spec.volumes must be an array")
-    names = {v.get("name") for v in volumes if isinstance(v, dict)}
-    volume = VOLUME_NAME in names
-    if (container or volume) and not (recorded and container and volume):
-        taken = PULLER_NAME if container else VOLUME_NAME
+    names = _volume_names(view)
+    taken = _clash(container, names, recorded)
+    if taken is not None:
         raise Undecidable(f"the name {taken} is already used by the pod")
-    if SECRETS_VOLUME in names and not (recorded and container):
-        raise Undecidable(f"the name {SECRETS_VOLUME} is already used by the pod")
-    return container and volume
+    return container and VOLUME_NAME in names
 
 
 def insert_ops(
