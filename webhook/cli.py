@@ -328,14 +328,16 @@ def _config_show(_args: argparse.Namespace, settings: Settings) -> int:
 
 def _serve(args: argparse.Namespace, settings: Settings) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from webhook.serve import serve
+    from webhook.serve import ManagedTLS, serve
 
     managed = None
     if args.certs_secret and not args.webhook_config:
         print("copilot-webhook: --certs-secret needs --webhook-config", file=sys.stderr)
         return EXIT_USAGE
     if args.webhook_config:
-        managed = (args.certs_secret, args.webhook_config, args.service or args.webhook_config, args.certs_days)
+        managed = ManagedTLS(
+            args.certs_secret, args.webhook_config, args.service or args.webhook_config, args.certs_days
+        )
     check = None
     if args.self_check_address:
         check = _address(args.self_check_address)

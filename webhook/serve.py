@@ -19,21 +19,22 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, NamedTuple
 
 import uvicorn
+from kubernetes.client import ApiClient
 
 from webhook.cluster.access import ClusterView, api_client
 from webhook.cluster.certificates import CertificateManager, own_namespace
 from webhook.cluster.errors import ClusterAccessError
 from webhook.cluster.keeper import AdmissionKeeper
-from webhook.config import Settings, load_settings
+from webhook.config import ServerSettings, Settings, load_settings
 from webhook.connections import Limits, protocol_class
 from webhook.errors import ConfigError
 from webhook.metrics import Metrics
 from webhook.previewer import no_cluster_export
-from webhook.review import NamespaceFacts, no_cluster
-from webhook.server import MetricsApp, Readiness, WebhookApp
+from webhook.review import no_cluster
+from webhook.server import MetricsApp, WebhookApp
 from webhook.tls import ReloadingTLS, TLSFiles, file_stamp
 
 log = logging.getLogger(__name__)
@@ -153,32 +154,31 @@ class Reloader:
         log.info("configuration reloaded from %s", self.config_file)
 
 
+class ManagedTLS(NamedTuple):
+    """The cluster objects the server looks after when it watches its own webhook configuration."""
+
+    secret: str | None  # with a Secret, the server also keeps its own certificate there (self-signed TLS)
+    webhook_config: str
+    service: str
+    days: int  # the certificate's validity
+
+
 def serve(
     settings: Settings,
     config_file: str | None,
     overrides: Mapping[str, Any],
-    managed: tuple[str | None, str, str, int] | None = None,
+    managed: ManagedTLS | None = None,
     check_address: tuple[str, int] | None = None,
 ) -> int:
-    """`managed`: (Secret, webhook configuration, Service, days) when the server watches its own webhook
-    configuration; with a Secret it also keeps its own certificate (self-signed TLS)."""
-    server_settings = settings.server
+    """Serve until a signal stops it; 1 when something needed to start is missing."""
     metrics = Metrics()
     keeper = None
     if managed is not None:
         keeper = _keeper(settings, managed, check_address, metrics)
         if keeper is None:
             return 1
-    files = TLSFiles(
-        server_settings.tls_cert,
-        server_settings.tls_key,
-        server_settings.client_ca,
-        server_settings.tls_min_version,
-    )
-    try:
-        tls = ReloadingTLS(files)
-    except (OSError, ssl.SSLError, ValueError) as exc:
-        log.error("cannot load the TLS certificate %s and key %s: %s", files.cert, files.key, exc)
+    tls = _tls(settings.server)
+    if tls is None:
         return 1
     try:
         api = api_client(settings.cluster)
@@ -186,36 +186,70 @@ def serve(
         log.error("%s", exc)
         return 1
     limits = Limits(
-        server_settings.max_connections,
-        server_settings.idle_timeout_seconds,
+        settings.server.max_connections,
+        settings.server.idle_timeout_seconds,
         metrics.connections_refused.inc,
-        deadline=server_settings.deadline_seconds,
+        deadline=settings.server.deadline_seconds,
     )
-    readiness: list[Readiness] = [limits.readiness, tls.readiness]
-    namespaces: NamespaceFacts = no_cluster
-    view = None
-    if api is not None:
-        label = settings.image_puller.runtime_label if settings.image_puller.labeller else None
-        view = ClusterView(api, label=label)
-        view.start()  # the caches fill in the background; requests never wait for them
-        readiness.append(view.readiness)
-        namespaces = view
-        metrics.watch_nodes(view.nodes.by_runtime)
+    view = _cluster_view(settings, api, metrics)
     app = WebhookApp(
         settings,
         metrics,
-        namespaces=namespaces,
-        readiness=readiness,
+        namespaces=view if view is not None else no_cluster,
+        readiness=[limits.readiness, tls.readiness, *([view.readiness] if view is not None else [])],
         facts_export=view.export if view is not None else no_cluster_export,
     )
-    config = uvicorn.Config(
+    server = ReloadingServer(
+        _https_config(app, settings.server, tls, limits),
+        Reloader(app, tls, config_file, overrides),
+        limits,
+        settings.server.drain_seconds,
+        _metrics_server(settings.server, metrics),
+    )
+    with contextlib.suppress(ValueError):  # only the main thread may set handlers (tests run serve in threads)
+        signal.signal(signal.SIGHUP, server.request_reload)
+    log.info(
+        "serving https://%s:%d (mode %s, ptrace.mode %s)",
+        settings.server.host,
+        settings.server.port,
+        settings.mode,
+        settings.ptrace.mode,
+    )
+    _run(server, app, view, keeper)
+    return 0
+
+
+def _tls(server: ServerSettings) -> ReloadingTLS | None:
+    """The serving certificate, key and client CA, loaded now and reloaded when their files change."""
+    files = TLSFiles(server.tls_cert, server.tls_key, server.client_ca, server.tls_min_version)
+    try:
+        return ReloadingTLS(files)
+    except (OSError, ssl.SSLError, ValueError) as exc:
+        log.error("cannot load the TLS certificate %s and key %s: %s", files.cert, files.key, exc)
+        return None
+
+
+def _cluster_view(settings: Settings, api: ApiClient | None, metrics: Metrics) -> ClusterView | None:
+    """The namespace and node caches, filling in the background (requests never wait for them); none
+    without cluster access."""
+    if api is None:
+        return None
+    label = settings.image_puller.runtime_label if settings.image_puller.labeller else None
+    view = ClusterView(api, label=label)
+    view.start()
+    metrics.watch_nodes(view.nodes.by_runtime)
+    return view
+
+
+def _https_config(app: WebhookApp, server: ServerSettings, tls: ReloadingTLS, limits: Limits) -> uvicorn.Config:
+    return uvicorn.Config(
         app,
-        host=server_settings.host,
-        port=server_settings.port,
+        host=server.host,
+        port=server.port,
         ssl_context_factory=lambda _config, _default: tls.context,
         http=protocol_class(limits),
         ws="none",  # no endpoint speaks websocket: an upgrade request is answered as plain HTTP (connections.py)
-        timeout_keep_alive=math.ceil(server_settings.idle_timeout_seconds),
+        timeout_keep_alive=math.ceil(server.idle_timeout_seconds),
         lifespan="off",
         access_log=False,
         server_header=False,
@@ -223,45 +257,37 @@ def serve(
         # Endpoints are removed from the Service before SIGTERM reaches us (preStop); finish what is in flight.
         timeout_graceful_shutdown=10,
     )
-    metrics_server = None
-    if server_settings.metrics_port:
-        metrics_server = uvicorn.Server(
-            uvicorn.Config(
-                MetricsApp(metrics),
-                host=server_settings.host,
-                port=server_settings.metrics_port,
-                # Scrapers are few: 16 connections, and silent ones go at the idle timeout like anywhere.
-                http=protocol_class(
-                    Limits(
-                        16,
-                        server_settings.idle_timeout_seconds,
-                        name="the metrics port's 16 connections",
-                        deadline=server_settings.deadline_seconds,
-                    )
-                ),
-                ws="none",
-                lifespan="off",
-                access_log=False,
-                server_header=False,
-                log_config=None,
-            )
+
+
+def _metrics_server(server: ServerSettings, metrics: Metrics) -> uvicorn.Server | None:
+    """The plain-HTTP /metrics listener, when `server.metricsPort` asks for one."""
+    if not server.metrics_port:
+        return None
+    return uvicorn.Server(
+        uvicorn.Config(
+            MetricsApp(metrics),
+            host=server.host,
+            port=server.metrics_port,
+            # Scrapers are few: 16 connections, and silent ones go at the idle timeout like anywhere.
+            http=protocol_class(
+                Limits(
+                    16,
+                    server.idle_timeout_seconds,
+                    name="the metrics port's 16 connections",
+                    deadline=server.deadline_seconds,
+                )
+            ),
+            ws="none",
+            lifespan="off",
+            access_log=False,
+            server_header=False,
+            log_config=None,
         )
-    server = ReloadingServer(
-        config,
-        Reloader(app, tls, config_file, overrides),
-        limits,
-        server_settings.drain_seconds,
-        metrics_server,
     )
-    with contextlib.suppress(ValueError):  # only the main thread may set handlers (tests run serve in threads)
-        signal.signal(signal.SIGHUP, server.request_reload)
-    log.info(
-        "serving https://%s:%d (mode %s, ptrace.mode %s)",
-        server_settings.host,
-        server_settings.port,
-        settings.mode,
-        settings.ptrace.mode,
-    )
+
+
+def _run(server: ReloadingServer, app: WebhookApp, view: ClusterView | None, keeper: AdmissionKeeper | None) -> None:
+    """Run the server until it stops, then stop the threads that served it."""
     # Everything made so far lives as long as the process: out of the collector's way, every collection of
     # the oldest generation skips it (6% more /mutate/ptrace throughput, measured side by side).
     gc.collect()
@@ -281,12 +307,11 @@ def serve(
             view.stop()
         if keeper is not None:
             keeper.close()
-    return 0
 
 
 def _keeper(
     settings: Settings,
-    managed: tuple[str | None, str, str, int],
+    managed: ManagedTLS,
     check_address: tuple[str, int] | None,
     metrics: Metrics,
 ) -> AdmissionKeeper | None:
