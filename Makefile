@@ -78,7 +78,7 @@ clean:
 
 # Pod creation through the real kube-apiserver at 50 and 200 pods/s with no webhook, ours (installed by the
 # chart) and go-floor (registered the same way), side by side: make bench-pods ANCHORS=<dir with go-floor/>.
-# Needs root and `make go-tools`; about 5 minutes.
+# Needs root and `make go-tools`; 5 to 10 minutes on a quiet machine, more where the API server falls behind.
 .PHONY: bench-pods
 bench-pods: $(BIN)/copilot-webhook
 	@test -n "$(ANCHORS)" || { echo "make bench-pods ANCHORS=<dir with go-floor/>"; exit 2; }
