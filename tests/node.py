@@ -1,0 +1,671 @@
+"""A node that runs the pods: Debian's containerd with its CRI plugin and the kubelet built from the same
+Kubernetes module as the API server (tests/gotools.py), both inside the control plane's network namespace
+(tests/controlplane.py), registered with a client certificate of the node's own (the Node authorizer is
+on). Nothing is pulled from the internet: the sandbox (pause) image is built from Kubernetes' own
+build/pause/linux/pause.c read from the Go module cache, compiled with `gcc -Os -static`, packed by umoci
+and imported into containerd; the images under test are built by dockerd and imported the same way.
+
+Pods run with `hostNetwork: true` (the namespace's network: the API server, the webhook's ClusterIP, a
+registry on 127.0.0.1), or on a bridge of Debian's CNI plugins. Where a pod reaches a Service the node
+does what kube-proxy and the cluster DNS would: the `kubernetes` Service's address is translated to the
+API server's (iptables DNAT), and a small DNS server answers the Services' names (`dns_records`).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import re
+import shutil
+import socket
+import struct
+import subprocess
+import tarfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from certs.authority import write_atomic
+from tests.controlplane import API_PORT, NS_ADDRESS, ControlPlane, Process, client_certificate
+from tests.daemons import ARCH
+from tests.gotools import KUBERNETES_VERSION
+from tests.server_process import stop_process
+
+NODE_NAME = "cw-node"
+POD_CIDR = "10.224.0.0/24"  # the CNI bridge's pods
+BRIDGE_GATEWAY = "10.224.0.1"
+DNS_ADDRESS = "10.96.0.10"  # inside the Service range, so the namespace's loopback answers for it
+KUBERNETES_SERVICE = "10.96.0.1"  # the first address of the range: the `kubernetes` Service
+CNI_BIN = Path("/usr/lib/cni")  # Debian's containernetworking-plugins
+NODE_TOOLS = ("containerd", "ctr", "runc", "gcc", "umoci", "go", "iptables", "nsenter", "ip")
+
+Obj = dict[str, Any]
+
+
+def require_node() -> None:
+    """Skip without what the node needs; under CI=true its absence is a failure, never a skip."""
+    import pytest
+
+    missing = [t for t in NODE_TOOLS if shutil.which(t) is None]
+    missing += [str(CNI_BIN / p) for p in ("bridge", "host-local", "loopback") if not (CNI_BIN / p).exists()]
+    if os.geteuid() != 0:
+        missing.append("root")
+    if missing:
+        message = f"the node needs {', '.join(missing)} (Debian packages and Go; .ci/run installs them)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+
+
+def cgroup_v1() -> bool:
+    """cgroup v2 mounts the unified hierarchy at /sys/fs/cgroup itself, with its controllers file."""
+    return not Path("/sys/fs/cgroup/cgroup.controllers").exists()
+
+
+# --- the sandbox image ----------------------------------------------------------------------------------
+
+
+def kubernetes_module() -> Path:
+    done = subprocess.run(["go", "env", "GOMODCACHE"], capture_output=True, text=True, check=True, timeout=60)
+    module = Path(done.stdout.strip()) / f"k8s.io/kubernetes@{KUBERNETES_VERSION}"
+    if not module.is_dir():  # the module's source arrives with `go mod download` (make go-tools does it)
+        subprocess.run(
+            ["go", "mod", "download", f"k8s.io/kubernetes@{KUBERNETES_VERSION}"],
+            cwd=Path(__file__).parent / "kube" / "apiserver",
+            check=True,
+            capture_output=True,
+            timeout=600,
+        )
+    return module
+
+
+def pause_tag(module: Path) -> str:
+    """The tag Kubernetes' own build gives the image (build/pause/Makefile's TAG)."""
+    match = re.search(r"^TAG \?= (\S+)$", (module / "build" / "pause" / "Makefile").read_text(), re.M)
+    assert match, "build/pause/Makefile has no TAG"
+    return match.group(1)
+
+
+def oci_archive(layout: Path, archive: Path) -> Path:
+    """An OCI image layout as the tar `ctr images import` reads."""
+    with tarfile.open(archive, "w") as tar:
+        for entry in sorted(layout.iterdir()):
+            tar.add(entry, arcname=entry.name)
+    return archive
+
+
+def build_pause_image(work: Path) -> tuple[str, Path]:
+    """registry.k8s.io/pause:<TAG> from pause.c, exactly as build/pause/Makefile compiles it (its -Wall
+    -Werror too), one static binary in an otherwise empty image that runs as 65535."""
+    module = kubernetes_module()
+    tag = pause_tag(module)
+    work.mkdir(parents=True, exist_ok=True)
+    binary = work / "pause"
+    subprocess.run(
+        ["gcc", "-Os", "-Wall", "-Werror", "-static", f"-DVERSION=v{tag}-copilot-webhook-tests", "-o", str(binary),
+         str(module / "build" / "pause" / "linux" / "pause.c")],
+        check=True, capture_output=True, timeout=120,
+    )  # fmt: skip
+    layout = work / "oci"
+    image = f"{layout}:{tag}"
+    for command in (
+        ["umoci", "init", "--layout", str(layout)],
+        ["umoci", "new", "--image", image],
+        ["umoci", "insert", "--rootless", "--image", image, str(binary), "/pause"],
+        ["umoci", "config", "--image", image, "--os", "linux", "--architecture", ARCH,
+         "--config.entrypoint", "/pause", "--config.user", "65535:65535"],
+    ):  # fmt: skip
+        subprocess.run(command, check=True, capture_output=True, timeout=60)
+    return f"registry.k8s.io/pause:{tag}", oci_archive(layout, work / "pause.tar")
+
+
+# --- containerd -----------------------------------------------------------------------------------------
+
+
+def _containerd_config(work: Path, sandbox_image: str) -> str:
+    cri = '[plugins."io.containerd.grpc.v1.cri"]'
+    runc = '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]'
+    return "\n".join(
+        [
+            "version = 2",
+            f'root = "{work / "root"}"',
+            f'state = "{work / "state"}"',
+            "[grpc]",
+            f'  address = "{work / "containerd.sock"}"',
+            "[ttrpc]",
+            f'  address = "{work / "ttrpc.sock"}"',
+            cri,
+            "  disable_tcp_service = true",
+            f'  sandbox_image = "{sandbox_image}"',
+            # The kubelet asks for oom_score_adj -998 on sandboxes; lowering a score needs CAP_SYS_RESOURCE,
+            # which a machine (a container itself) may not grant root: runc then fails every pod with
+            # "nsexec: failed to update /proc/self/oom_score_adj: Permission denied". Restricted, containerd
+            # clamps the score to its own, as it does for rootless nodes.
+            f"  restrict_oom_score_adj = {'false' if _has_sys_resource() else 'true'}",
+            runc,
+            '  runtime_type = "io.containerd.runc.v2"',
+            runc[:-1] + ".options]",
+            "  SystemdCgroup = false",  # the kubelet's cgroupDriver is cgroupfs: both must agree
+            cri[:-1] + ".cni]",
+            f'  bin_dir = "{CNI_BIN}"',
+            f'  conf_dir = "{work / "cni"}"',
+            cri[:-1] + ".registry]",
+            f'  config_path = "{work / "certs.d"}"',
+            '[plugins."io.containerd.internal.v1.opt"]',
+            f'  path = "{work / "opt"}"',
+        ]
+    )
+
+
+def _has_sys_resource() -> bool:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("CapEff:"):
+            return bool(int(line.split()[1], 16) >> 24 & 1)  # CAP_SYS_RESOURCE
+    return False
+
+
+def _cni_config(work: Path) -> str:
+    return json.dumps(
+        {
+            "cniVersion": "0.4.0",
+            "name": "cw-pods",
+            "plugins": [
+                {
+                    "type": "bridge",
+                    "bridge": "cw0",
+                    "isGateway": True,
+                    "isDefaultGateway": True,  # every address, the Service range too, goes to the node's namespace
+                    "ipMasq": False,
+                    "ipam": {
+                        "type": "host-local",
+                        "ranges": [[{"subnet": POD_CIDR, "gateway": BRIDGE_GATEWAY}]],
+                        "dataDir": str(work / "ipam"),
+                    },
+                },
+                {"type": "portmap", "capabilities": {"portMappings": True}},
+            ],
+        }
+    )
+
+
+# --- the kubelet ----------------------------------------------------------------------------------------
+
+
+def kubelet_config(work: Path, containerd_socket: Path, ca: Path) -> Obj:
+    config: Obj = {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        "containerRuntimeEndpoint": f"unix://{containerd_socket}",
+        "cgroupDriver": "cgroupfs",  # containerd's runc runs with SystemdCgroup = false
+        "failSwapOn": False,
+        "authentication": {
+            "anonymous": {"enabled": False},
+            "webhook": {"enabled": False},
+            "x509": {"clientCAFile": str(ca)},
+        },
+        "authorization": {"mode": "AlwaysAllow"},  # only holders of a cluster certificate get this far
+        "readOnlyPort": 0,
+        "healthzBindAddress": "127.0.0.1",
+        "healthzPort": 10248,
+        "clusterDNS": [DNS_ADDRESS],
+        "clusterDomain": "cluster.local",
+        "podLogsDir": str(work / "pod-logs"),
+        "volumePluginDir": str(work / "volume-plugins"),  # not /usr/libexec/kubernetes: the machine is shared
+        "resolvConf": str(work / "resolv.conf"),
+        # A shared test machine's disk is what it is: evict only when it is truly exhausted, and never
+        # garbage-collect the images the tests imported.
+        "evictionHard": {
+            "memory.available": "50Mi",
+            "nodefs.available": "1%",
+            "nodefs.inodesFree": "1%",
+            "imagefs.available": "1%",
+        },
+        "imageGCHighThresholdPercent": 100,
+        "imageGCLowThresholdPercent": 99,
+        "serializeImagePulls": False,
+        "syncFrequency": "5s",
+        "fileCheckFrequency": "5s",
+        "nodeStatusUpdateFrequency": "5s",
+        "volumeStatsAggPeriod": "0s",
+    }
+    if cgroup_v1():
+        config["failCgroupV1"] = False  # 1.35 refuses cgroup v1 unless told, and these machines run it
+    return config
+
+
+def _kubeconfig(plane: ControlPlane, user: str, groups: Sequence[str], path: Path) -> Path:
+    pair = client_certificate(plane.ca, user, groups)
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "test",
+                "cluster": {
+                    "server": plane.url,
+                    "certificate-authority-data": base64.b64encode(plane.ca.cert_pem).decode(),
+                },
+            }
+        ],
+        "users": [
+            {
+                "name": user,
+                "user": {
+                    "client-certificate-data": base64.b64encode(pair.cert_pem).decode(),
+                    "client-key-data": base64.b64encode(pair.key_pem).decode(),
+                },
+            }
+        ],
+        "contexts": [{"name": "test", "context": {"cluster": "test", "user": user}}],
+        "current-context": "test",
+    }
+    write_atomic(path, yaml.safe_dump(config).encode(), 0o600)
+    return path
+
+
+# --- the cluster DNS ------------------------------------------------------------------------------------
+
+
+class ServiceDNS:
+    """Answers A queries for the names in `records` (name -> IPv4), NXDOMAIN for anything else: the part
+    of a cluster DNS the tests' pods use. Its socket is bound inside the node's network namespace."""
+
+    def __init__(self, netns: str, address: str = DNS_ADDRESS) -> None:
+        self.records: dict[str, str] = {}
+        self.queries: list[str] = []
+        self._sock = _socket_in(netns, socket.AF_INET, socket.SOCK_DGRAM)
+        self._sock.bind((address, 53))
+        self._sock.settimeout(0.2)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                query, peer = self._sock.recvfrom(512)
+            except TimeoutError:
+                continue
+            with contextlib.suppress(ValueError, IndexError, struct.error, OSError):
+                self._sock.sendto(self._answer(query), peer)
+
+    def _answer(self, query: bytes) -> bytes:
+        (ident,) = struct.unpack("!H", query[:2])
+        labels, offset = [], 12
+        while query[offset]:
+            length = query[offset]
+            labels.append(query[offset + 1 : offset + 1 + length].decode().lower())
+            offset += 1 + length
+        question = query[12 : offset + 5]
+        qtype = struct.unpack("!H", query[offset + 1 : offset + 3])[0]
+        name = ".".join(labels)
+        self.queries.append(name)
+        address = self.records.get(name)
+        if address is None:
+            return struct.pack("!HHHHHH", ident, 0x8183, 1, 0, 0, 0) + question  # NXDOMAIN
+        if qtype != 1:  # the name exists, without records of that type (AAAA)
+            return struct.pack("!HHHHHH", ident, 0x8180, 1, 0, 0, 0) + question
+        answer = struct.pack("!HHHLH", 0xC00C, 1, 1, 5, 4) + socket.inet_aton(address)
+        return struct.pack("!HHHHHH", ident, 0x8180, 1, 1, 0, 0) + question + answer
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._sock.close()
+
+
+def _socket_in(netns: str, family: int, kind: int) -> socket.socket:
+    """A socket of `netns`: created by a thread that entered it (setns moves the calling thread only)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    made: list[socket.socket] = []
+    errors: list[int] = []
+
+    def make() -> None:
+        with open(f"/run/netns/{netns}") as handle:
+            if libc.setns(handle.fileno(), 0x40000000) != 0:  # CLONE_NEWNET
+                errors.append(ctypes.get_errno())
+                return
+        made.append(socket.socket(family, kind))
+
+    thread = threading.Thread(target=make)
+    thread.start()
+    thread.join()
+    if errors:
+        raise OSError(errors[0], f"setns into {netns}")
+    return made[0]
+
+
+# --- the node -------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Node:
+    plane: ControlPlane
+    work: Path
+    name: str
+    containerd_socket: Path
+    sandbox_image: str
+    dns: ServiceDNS
+    processes: list[Process] = field(default_factory=list)
+
+    @property
+    def pod_logs(self) -> Path:
+        return self.work / "pod-logs"
+
+    def ctr(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        command = ["ctr", "--address", str(self.containerd_socket), "--namespace", "k8s.io", *args]
+        return subprocess.run(command, capture_output=True, text=True, timeout=300, check=check)
+
+    def import_image(self, archive: Path, base_name: str | None = None) -> None:
+        args = ["images", "import"]
+        if base_name is not None:
+            args.append(f"--base-name={base_name}")
+        self.ctr(*args, str(archive))
+
+    def images(self) -> list[str]:
+        return self.ctr("images", "ls", "--quiet").stdout.split()
+
+    def remove_image(self, reference: str) -> None:
+        self.ctr("images", "rm", reference, check=False)
+
+    def trust(self, host: str, server: str) -> None:
+        """How containerd itself reaches a registry (hosts.toml): a plain-HTTP one on loopback."""
+        directory = self.work / "containerd" / "certs.d" / host
+        directory.mkdir(parents=True, exist_ok=True)
+        lines = [f'server = "{server}"', f'[host."{server}"]', '  capabilities = ["pull", "resolve"]']
+        (directory / "hosts.toml").write_text("\n".join(lines) + "\n")
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {p.name} ---\n{p.log.read_text(errors='replace')[-6000:]}" for p in self.processes)
+
+    def container_log(self, namespace: str, pod: str, container: str) -> str:
+        """What the container wrote, from the kubelet's log files (the API server has no kubelet client
+        certificate here, so `pods/log` is not served)."""
+        texts = [
+            p.read_text(errors="replace") for p in sorted(self.pod_logs.glob(f"{namespace}_{pod}_*/{container}/*.log"))
+        ]
+        return "".join(texts)
+
+    def containerd_log(self) -> str:
+        (process,) = (p for p in self.processes if p.name == "containerd")
+        return process.log.read_text(errors="replace")
+
+
+@dataclass
+class NodeRegistry:
+    """The distribution registry on the node's loopback (127.0.0.1 inside the namespace): what the
+    node's containerd pulls from. Images are pushed by skopeo from inside the namespace too."""
+
+    node: Node
+    port: int
+    user: tuple[str, str] | None = None
+
+    @property
+    def host(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def push(self, layout: Path, tag: str, repository: str) -> str:
+        reference = f"{self.host}/{repository}:{tag}"
+        command = ["skopeo", "copy", "--quiet", "--dest-tls-verify=false"]
+        if self.user is not None:
+            command.append(f"--dest-creds={self.user[0]}:{self.user[1]}")
+        command += [f"oci:{layout}:{tag}", f"docker://{reference}"]
+        subprocess.run(self.node.plane.netns.command(command), check=True, capture_output=True, timeout=120)
+        return reference
+
+
+@contextlib.contextmanager
+def node_registry(the_node: Node, user: tuple[str, str] | None = None) -> Iterator[NodeRegistry]:
+    """A plain-HTTP registry (with htpasswd authentication when `user` is given), trusted by containerd."""
+    import random
+
+    port = random.randrange(20000, 30000)  # the namespace is ours: any port is free in it
+    work = the_node.work / f"registry-{port}"
+    work.mkdir(parents=True)
+    config = [
+        "version: 0.1",
+        "log: {level: info, accesslog: {disabled: false}}",
+        f"storage: {{filesystem: {{rootdirectory: {work / 'data'}}}, delete: {{enabled: true}}}}",
+        f"http: {{addr: '127.0.0.1:{port}'}}",
+    ]
+    if user is not None:
+        htpasswd = subprocess.run(["htpasswd", "-Bbn", *user], check=True, capture_output=True, text=True).stdout
+        (work / "htpasswd").write_text(htpasswd)
+        config.append(f"auth: {{htpasswd: {{realm: test, path: {work / 'htpasswd'}}}}}")
+    (work / "config.yml").write_text("\n".join(config) + "\n")
+    processes: list[Process] = []
+    process = _spawn(
+        processes,
+        the_node.plane,
+        the_node.work,
+        f"registry-{port}",
+        ["docker-registry", "serve", str(work / "config.yml")],
+    )
+    try:
+        _wait(lambda: _listening_in(the_node.plane.netns.name, port), "docker-registry", process, 30)
+        the_node.trust(f"127.0.0.1:{port}", f"http://127.0.0.1:{port}")
+        yield NodeRegistry(the_node, port, user)
+    finally:
+        stop_process(process.popen)
+
+
+def _listening_in(netns: str, port: int) -> bool:
+    with _socket_in(netns, socket.AF_INET, socket.SOCK_STREAM) as probe:
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _spawn(node_processes: list[Process], plane: ControlPlane, work: Path, name: str, argv: Sequence[str]) -> Process:
+    log = work / f"{name}.log"
+    with log.open("ab") as out:
+        popen = subprocess.Popen(plane.netns.command(argv), stdout=out, stderr=subprocess.STDOUT)
+    process = Process(name, popen, log)
+    node_processes.append(process)
+    return process
+
+
+def _wait(check: Callable[[], bool], what: str, process: Process, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.popen.poll() is not None:
+            raise RuntimeError(f"{what} exited with {process.popen.returncode}:\n{process.log.read_text()[-4000:]}")
+        if check():
+            return
+        time.sleep(0.2)
+    raise RuntimeError(f"{what} not ready within {timeout} s:\n{process.log.read_text()[-4000:]}")
+
+
+def _iptables(plane: ControlPlane, *args: str) -> None:
+    subprocess.run(plane.netns.command(["iptables", "-w", *args]), check=True, capture_output=True, timeout=30)
+
+
+def _kube_proxy_rules(plane: ControlPlane) -> None:
+    """What kube-proxy does for the one Service whose endpoint is outside any pod: the `kubernetes`
+    Service (the address every pod is given in KUBERNETES_SERVICE_HOST) reaches the API server."""
+    target = ["-d", KUBERNETES_SERVICE, "-p", "tcp", "--dport", "443", "-j", "DNAT", "--to-destination"]
+    for chain in ("OUTPUT", "PREROUTING"):  # the host network's processes, and the bridge's pods
+        _iptables(plane, "-t", "nat", "-A", chain, *target, f"{NS_ADDRESS}:{API_PORT}")
+
+
+def _node_ready(plane: ControlPlane, name: str) -> bool:
+    try:
+        with plane.urlopen(f"/api/v1/nodes/{name}") as answer:
+            node = json.loads(answer.read())
+    except OSError:
+        return False
+    conditions = {c["type"]: c["status"] for c in node.get("status", {}).get("conditions", [])}
+    return conditions.get("Ready") == "True"
+
+
+def unmount_under(root: Path) -> None:
+    """Whatever the kubelet and containerd left mounted under `root` (secret volumes, rootfs, shm)."""
+    mounts = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        point = line.split()[4].replace("\\040", " ")
+        if point == str(root) or point.startswith(f"{root}/"):
+            mounts.append(point)
+    for point in sorted(mounts, key=len, reverse=True):
+        subprocess.run(["umount", "-l", point], capture_output=True, check=False, timeout=30)
+
+
+def _remove_cgroups(name: str) -> None:
+    for hierarchy in Path("/sys/fs/cgroup").iterdir():
+        top = hierarchy / name
+        if not top.is_dir():
+            continue
+        for directory in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+            with contextlib.suppress(OSError):
+                directory.rmdir()
+        with contextlib.suppress(OSError):
+            top.rmdir()
+
+
+def _make_cgroup_root(name: str) -> None:
+    """The kubelet's cgroupRoot must exist in every hierarchy; one of the node's own keeps its pods apart
+    from anything else on the machine."""
+    for hierarchy in Path("/sys/fs/cgroup").iterdir():
+        if hierarchy.is_dir() and not hierarchy.is_symlink() and hierarchy.name != "unified":
+            (hierarchy / name).mkdir(exist_ok=True)
+
+
+@contextlib.contextmanager
+def node(
+    plane: ControlPlane, work: Path, kubelet: Path, controller_manager: Path, name: str = NODE_NAME
+) -> Iterator[Node]:
+    """containerd and the kubelet, started in the control plane's network namespace, and the controller
+    that publishes kube-root-ca.crt in every namespace (each pod's service account volume reads it)."""
+    work.mkdir(parents=True, exist_ok=True)
+    processes: list[Process] = []
+    cgroup = f"cwk{os.getpid()}"
+    dns: ServiceDNS | None = None
+    try:
+        sandbox_image, pause_archive = build_pause_image(work / "pause")
+        ctd = work / "containerd"
+        for directory in ("certs.d", "cni", "opt"):
+            (ctd / directory).mkdir(parents=True, exist_ok=True)
+        (ctd / "cni" / "10-cw-pods.conflist").write_text(_cni_config(ctd))
+        (ctd / "config.toml").write_text(_containerd_config(ctd, sandbox_image) + "\n")
+        socket_path = ctd / "containerd.sock"
+        containerd = _spawn(processes, plane, work, "containerd", ["containerd", "--config", str(ctd / "config.toml")])
+        _wait(lambda: socket_path.exists() and "serving..." in containerd.log.read_text(), "containerd", containerd, 60)
+        dns = ServiceDNS(plane.netns.name)
+        the_node = Node(plane, work, name, socket_path, sandbox_image, dns, processes)
+        the_node.import_image(pause_archive, base_name="registry.k8s.io/pause")
+        _kube_proxy_rules(plane)
+        _start_controllers(processes, plane, work, controller_manager)
+        kubelet_work = work / "kubelet"
+        kubelet_work.mkdir()
+        (work / "resolv.conf").write_text(f"nameserver {DNS_ADDRESS}\n")
+        config = kubelet_config(work, socket_path, plane.ca_path)
+        _make_cgroup_root(cgroup)
+        config["cgroupRoot"] = f"/{cgroup}"
+        (kubelet_work / "config.yaml").write_text(yaml.safe_dump(config))
+        kubeconfig = _kubeconfig(plane, f"system:node:{name}", ["system:nodes"], kubelet_work / "kubeconfig")
+        kubelet_process = _spawn(
+            processes,
+            plane,
+            work,
+            "kubelet",
+            [
+                str(kubelet),
+                f"--config={kubelet_work / 'config.yaml'}",
+                f"--kubeconfig={kubeconfig}",
+                f"--root-dir={kubelet_work / 'root'}",
+                f"--cert-dir={kubelet_work / 'pki'}",
+                f"--hostname-override={name}",
+                f"--node-ip={NS_ADDRESS}",
+                "--v=2",
+            ],
+        )
+        _wait(lambda: _node_ready(plane, name), "kubelet", kubelet_process, 120)
+        yield the_node
+    finally:
+        _stop(processes, plane, work, cgroup, name)
+        if dns is not None:
+            dns.close()
+
+
+def _start_controllers(processes: list[Process], plane: ControlPlane, work: Path, binary: Path) -> None:
+    kubeconfig = plane.kubeconfig(work / "controller-manager.kubeconfig")
+    _spawn(
+        processes,
+        plane,
+        work,
+        "kube-controller-manager",
+        [str(binary), f"--kubeconfig={kubeconfig}", "--controllers=root-ca-cert-publisher", "--leader-elect=false",
+         "--secure-port=0", "--v=1"],
+    )  # fmt: skip
+
+
+def _drain(plane: ControlPlane, name: str, timeout: float = 90) -> None:
+    """Every pod bound to the node deleted at once, and the kubelet left to stop them: it tears down their
+    sandboxes (network namespaces, bridge addresses, mounts) as it would on a real node."""
+    from tests.kube_support import Kube, KubeError
+
+    kube = Kube(plane)
+    try:
+        selector = {"fieldSelector": f"spec.nodeName={name}"}
+        for pod in kube.get("/api/v1/pods", **selector)["items"]:
+            meta = pod["metadata"]
+            with contextlib.suppress(KubeError):
+                # Graceful (not 0, which the API server deletes at once): the object stays until the
+                # kubelet has stopped the pod's containers and sandbox, so its absence means they are gone.
+                kube.request(
+                    "DELETE", f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}", {"gracePeriodSeconds": 1}
+                )
+        deadline = time.monotonic() + timeout
+        while kube.get("/api/v1/pods", **selector)["items"] and time.monotonic() < deadline:
+            time.sleep(0.5)
+    finally:
+        kube.close()
+
+
+def _stop(processes: list[Process], plane: ControlPlane, work: Path, cgroup: str, name: str) -> None:
+    """The pods first (by the kubelet), the kubelet, then every container left (their shims outlive
+    containerd), then containerd."""
+    kubelet = [p for p in processes if p.name == "kubelet"]
+    if kubelet and kubelet[0].popen.poll() is None:
+        with contextlib.suppress(Exception):
+            _drain(plane, name)
+    for process in [p for p in processes if p.name != "containerd"]:
+        stop_process(process.popen)
+    containerd = [p for p in processes if p.name == "containerd"]
+    if containerd and containerd[0].popen.poll() is None:
+        _remove_containers(work / "containerd" / "containerd.sock")
+    for process in containerd:
+        stop_process(process.popen)
+    with contextlib.suppress(subprocess.CalledProcessError, OSError):
+        _iptables(plane, "-t", "nat", "-F")
+    unmount_under(work)
+    _remove_cgroups(cgroup)
+    # The kubelet links every container's log into /var/log/containers (a fixed path): ours go with us.
+    for link in Path("/var/log/containers").glob("*.log"):
+        with contextlib.suppress(OSError):
+            if link.is_symlink() and os.readlink(link).startswith(f"{work}/"):
+                link.unlink()
+
+
+def _remove_containers(socket_path: Path) -> None:
+    base = ["ctr", "--address", str(socket_path), "--namespace", "k8s.io"]
+
+    def run(*args: str) -> str:
+        done = subprocess.run([*base, *args], capture_output=True, text=True, timeout=60, check=False)
+        return done.stdout
+
+    for task in run("tasks", "ls", "--quiet").split():
+        run("tasks", "kill", "--signal", "SIGKILL", task)
+    deadline = time.monotonic() + 30
+    while run("tasks", "ls", "--quiet").split() and time.monotonic() < deadline:
+        for task in run("tasks", "ls", "--quiet").split():
+            run("tasks", "delete", "--force", task)
+        time.sleep(0.2)
+    for container in run("containers", "ls", "--quiet").split():
+        run("containers", "delete", container)
