@@ -24,7 +24,7 @@ from tests.asgi import call, post_json
 from tests.server_process import Server, client_context, free_port, running_server
 from tests.support import GOLDEN, eventually, load_yaml, pod, review
 from webhook.config import build_settings
-from webhook.preview import preview
+from webhook.preview import PreviewQuery, preview
 from webhook.server import WebhookApp
 
 JSON = {"content-type": "application/json"}
@@ -181,7 +181,7 @@ def test_the_largest_preview_takes_a_fraction_of_the_preview_timeout(output: str
     body = orjson.dumps({"apiVersion": "v1", "kind": "List", "items": [flyte] * count})
     assert len(body) <= build_settings({}).preview.max_body_bytes
     started = time.process_time()
-    answer, _ = preview(body, "application/json", {"output": output}, build_settings({}))
+    answer, _ = preview(body, "application/json", PreviewQuery.of({"output": output}), build_settings({}))
     cpu = time.process_time() - started
     assert answer.count(b"\nkind: Pod\n" if output == "yaml" else b"\n+++ Pod/bq2m4-n1-0 (after)") == count
     assert cpu < 5, f"{cpu:.1f} s of CPU for output={output}"

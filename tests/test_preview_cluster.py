@@ -18,7 +18,7 @@ from tests.support import PODS, eventually
 from webhook.cluster.nodes import project_node
 from webhook.config import build_settings
 from webhook.mutation.facts import ClusterFacts, node_snapshot
-from webhook.preview import preview
+from webhook.preview import PreviewQuery, preview
 
 NODES = "/api/v1/nodes"
 POD = yaml.safe_load((PODS / "flyte-1.15-bare.yaml").read_bytes())
@@ -83,7 +83,11 @@ def test_a_worker_asking_for_nodes_answers_as_the_whole_table_does(served: Any, 
     snapshot = node_snapshot({n["metadata"]["name"]: project_node(n) for n in FLEET})
     params = dict(p.split("=", 1) for p in query.split("&") if p)
     local, _ = preview(
-        body, "application/json", params, build_settings({}), lambda _ns: ClusterFacts({}, snapshot, "synced")
+        body,
+        "application/json",
+        PreviewQuery.of(params),
+        build_settings({}),
+        lambda _ns: ClusterFacts({}, snapshot, "synced"),
     )
     assert remote.json() == orjson.loads(local)
     assert remote.json()["runtime"]  # the puller's decision is in the answer, whichever it is

@@ -11,7 +11,6 @@ preview's body (its limits and deadline) before FastAPI sees the request; errors
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
@@ -24,12 +23,9 @@ from starlette.exceptions import HTTPException
 
 from webhook import __version__
 from webhook.errors import RequestError
-from webhook.preview import parse_query
+from webhook.preview import PreviewQuery, query_error
 
 BODY_KEY = "copilot-webhook.body"  # the preview body, read by the server, in the ASGI scope
-DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
-DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
-PARAMETERS = ("output", "runtime", "node", "namespace")
 PATHS = ("/preview", "/openapi.json", "/docs", "/docs/oauth2-redirect")
 STATIC = "/static-offline-docs/"
 
@@ -37,20 +33,7 @@ PREVIEW_ANSWER = (
     "JSON (per object: patch, object, changes with reasons, warnings, runtime), YAML, a JSON Patch or a "
     "unified diff, per `output`"
 )
-RunPreview = Callable[[Request, bytes, dict[str, str]], Awaitable[tuple[bytes, str]]]
-
-
-class Output(enum.StrEnum):
-    json = "json"
-    yaml = "yaml"
-    patch = "patch"
-    diff = "diff"
-
-
-class Flavour(enum.StrEnum):
-    docker = "docker"
-    containerd = "containerd"
-    cri_o = "cri-o"
+RunPreview = Callable[[Request, bytes, PreviewQuery], Awaitable[tuple[bytes, str]]]
 
 
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -58,18 +41,9 @@ def _error(status: int, message: str, headers: dict[str, str] | None = None) -> 
 
 
 def _invalid(request: Request, exc: Exception) -> JSONResponse:
-    """A query parameter FastAPI refused, named as the command line's `preview` names it."""
+    """A query FastAPI refused, worded as the command line's `preview` words it."""
     assert isinstance(exc, RequestValidationError)
-    try:
-        parse_query(dict(request.query_params))
-    except RequestError as named:
-        return _error(400, named.message)
-    first = exc.errors()[0]
-    where = ".".join(str(part) for part in first.get("loc", ()) if part != "query")
-    return _error(400, f"query parameter {where}: {first.get('msg')}; {_PARAMETER_HELP}")
-
-
-_PARAMETER_HELP = "known: output (json, yaml, patch, diff), runtime (docker, containerd, cri-o), node, namespace"
+    return _error(400, query_error(exc.errors()))
 
 
 def _request_error(request: Request, exc: Exception) -> JSONResponse:
@@ -122,21 +96,8 @@ def build(run_preview: RunPreview) -> FastAPI:
             }
         },
     )
-    async def preview(
-        request: Request,
-        output: Annotated[Output, Query(description="The answer's form")] = Output.json,
-        runtime: Annotated[Flavour | None, Query(description="What if the node ran this runtime")] = None,
-        node: Annotated[str | None, Query(pattern=DNS_SUBDOMAIN, description="What if the pod ran here")] = None,
-        namespace: Annotated[str | None, Query(pattern=DNS_LABEL, description="The namespace to assume")] = None,
-    ) -> Response:
-        unknown = sorted(set(request.query_params) - set(PARAMETERS))
-        if unknown:
-            raise RequestError(400, f"unknown query parameter(s) {', '.join(unknown)}; {_PARAMETER_HELP}")
-        params = {"output": output.value}
-        params |= {
-            k: v for k, v in (("runtime", runtime and runtime.value), ("node", node), ("namespace", namespace)) if v
-        }
-        content, content_type = await run_preview(request, request.scope[BODY_KEY], params)
+    async def preview(request: Request, query: Annotated[PreviewQuery, Query()]) -> Response:
+        content, content_type = await run_preview(request, request.scope[BODY_KEY], query)
         return Response(content, media_type=content_type)
 
     def openapi() -> dict[str, Any]:

@@ -10,13 +10,13 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import yaml
 
-from webhook.config import Settings, dump_settings, load_settings
+from webhook.config import FLAVOURS, Settings, dump_settings, load_settings
 from webhook.errors import ConfigError, RequestError
-from webhook.preview import OUTPUTS, RUNTIMES, preview
+from webhook.preview import Output, PreviewQuery, preview
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 EXIT_CHANGES = 3  # audit: some running pods would change (kubectl diff's convention, moved off 1)
@@ -76,10 +76,10 @@ def _parser() -> argparse.ArgumentParser:
         required=True,
         help="Pod, workload, AdmissionReview or List; JSON or YAML; - for stdin",
     )
-    show.add_argument("--runtime", choices=RUNTIMES)
+    show.add_argument("--runtime", choices=FLAVOURS)
     show.add_argument("--node")
     show.add_argument("--namespace")
-    show.add_argument("--output", "-o", choices=OUTPUTS, default="json")
+    show.add_argument("--output", "-o", choices=get_args(Output.__value__), default="json")
     show.add_argument("--config", help="YAML configuration file")
 
     label = commands.add_parser("label-nodes", help="set imagePuller.runtimeLabel on every node from its runtime")
@@ -135,18 +135,10 @@ def _preview(args: argparse.Namespace, settings: Settings) -> int:
         print(f"copilot-webhook: cannot read {args.filename}: {exc.strerror}", file=sys.stderr)
         return EXIT_FAILURE
     content_type = "application/json" if args.filename.endswith(".json") else "application/yaml"
-    params = {
-        k: v
-        for k, v in {
-            "runtime": args.runtime,
-            "node": args.node,
-            "namespace": args.namespace,
-            "output": args.output,
-        }.items()
-        if v
-    }
+    options = {"runtime": args.runtime, "node": args.node, "namespace": args.namespace, "output": args.output}
     try:
-        content, _ = preview(body, content_type, params, settings)
+        query = PreviewQuery.of({k: v for k, v in options.items() if v})
+        content, _ = preview(body, content_type, query, settings)
     except RequestError as exc:
         print(f"copilot-webhook: {args.filename}: {exc.message}", file=sys.stderr)
         return EXIT_FAILURE

@@ -8,16 +8,16 @@ from __future__ import annotations
 
 import difflib
 import io
-import re
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import Any, TypedDict
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, Literal, TypedDict, get_args
 
 import jsonpatch
 import orjson
 import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from typing_extensions import TypeAliasType
 
-from webhook.config import Settings
+from webhook.config import FLAVOURS, Flavour, Settings
 from webhook.documents import decode_text, load_json_document, load_yaml_documents
 from webhook.errors import DocumentError, RequestError
 from webhook.mutation.facts import Facts, RequestFacts
@@ -33,8 +33,6 @@ from webhook.review import (
     read_review,
 )
 
-OUTPUTS = ("json", "yaml", "patch", "diff")
-RUNTIMES = ("docker", "containerd", "cri-o")
 TEMPLATE_PATHS: dict[str, tuple[str, ...]] = {
     "Deployment": ("spec", "template"),
     "StatefulSet": ("spec", "template"),
@@ -43,37 +41,49 @@ TEMPLATE_PATHS: dict[str, tuple[str, ...]] = {
     "Job": ("spec", "template"),
     "CronJob": ("spec", "jobTemplate", "spec", "template"),
 }
-_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+# A named alias, so that the OpenAPI description has one Output schema for the parameter.
+Output = TypeAliasType("Output", Literal["json", "yaml", "patch", "diff"])
 
 
-@dataclass(frozen=True)
-class Query:
-    runtime: str | None = None
-    node: str | None = None
-    namespace: str | None = None
-    output: str = "json"
+class PreviewQuery(BaseModel):
+    """What a preview asks besides its body: the answer's form and what to assume of the cluster. The
+    query parameters of POST /preview, the options of `copilot-webhook preview`, and a worker's job."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    output: Output = Field("json", description="The answer's form")
+    runtime: Flavour | None = Field(None, description="What if the node ran this runtime")
+    node: str | None = Field(None, pattern=DNS_SUBDOMAIN, description="What if the pod ran here")
+    namespace: str | None = Field(None, pattern=DNS_LABEL, description="The namespace to assume")
+
+    @classmethod
+    def of(cls, params: Mapping[str, str]) -> PreviewQuery:
+        """The query of these parameters; RequestError (400) worded as `query_error` words it."""
+        try:
+            return cls.model_validate(params)
+        except ValidationError as exc:
+            raise RequestError(400, query_error(exc.errors())) from None
 
 
-def parse_query(params: dict[str, str]) -> Query:
-    unknown = sorted(set(params) - {"runtime", "node", "namespace", "output"})
+def query_error(errors: Sequence[Mapping[str, Any]]) -> str:
+    """What is wrong with a query, from pydantic's errors: unknown parameters first, then the first
+    parameter (in the model's order) whose value was refused."""
+    unknown = sorted(str(e["loc"][-1]) for e in errors if e["type"] == "extra_forbidden")
     if unknown:
-        raise RequestError(
-            400, f"unknown query parameter(s) {', '.join(unknown)}; known: runtime, node, namespace, output"
-        )
-    output = params.get("output", "json")
-    if output not in OUTPUTS:
-        raise RequestError(400, f"output={output!r} is not allowed; expected one of {', '.join(OUTPUTS)}")
-    runtime = params.get("runtime")
-    if runtime is not None and runtime not in RUNTIMES:
-        raise RequestError(400, f"runtime={runtime!r} is not allowed; expected one of {', '.join(RUNTIMES)}")
-    node = params.get("node")
-    if node is not None and not _DNS_SUBDOMAIN.fullmatch(node):
-        raise RequestError(400, f"node={node!r} is not a valid node name (a DNS subdomain)")
-    namespace = params.get("namespace")
-    if namespace is not None and not _DNS_LABEL.fullmatch(namespace):
-        raise RequestError(400, f"namespace={namespace!r} is not a valid namespace name (a DNS label)")
-    return Query(runtime, node, namespace, output)
+        return f"unknown query parameter(s) {', '.join(unknown)}; known: runtime, node, namespace, output"
+    refused = {str(e["loc"][-1]): e for e in errors}
+    for name in PreviewQuery.model_fields:
+        if name in refused:
+            value = refused[name].get("input")
+            if name in ("output", "runtime"):
+                allowed = get_args(Output.__value__) if name == "output" else FLAVOURS
+                return f"{name}={value!r} is not allowed; expected one of {', '.join(allowed)}"
+            what = "node name (a DNS subdomain)" if name == "node" else "namespace name (a DNS label)"
+            return f"{name}={value!r} is not a valid {what}"
+    first = errors[0]
+    return f"query parameter {'.'.join(str(p) for p in first['loc'])}: {first['msg']}"
 
 
 def load_documents(body: bytes, content_type: str) -> list[Any]:
@@ -120,7 +130,7 @@ def _name(obj: dict[str, Any]) -> str:
     return ""
 
 
-def _namespace(obj: dict[str, Any], query: Query) -> str:
+def _namespace(obj: dict[str, Any], query: PreviewQuery) -> str:
     if query.namespace:
         return query.namespace
     metadata = obj.get("metadata")
@@ -129,7 +139,7 @@ def _namespace(obj: dict[str, Any], query: Query) -> str:
 
 
 def _entry(
-    kind: str, obj: dict[str, Any], decided: Plan | None, prefix: str, settings: Settings, query: Query
+    kind: str, obj: dict[str, Any], decided: Plan | None, prefix: str, settings: Settings, query: PreviewQuery
 ) -> PreviewEntry:
     answer = decision(decided, settings)
     changes = [] if decided is None else decided.changes
@@ -186,7 +196,9 @@ def _runtime(decided: Plan | None) -> RuntimeAnswer:
     return {"flavour": runtime.flavour, "socket": runtime.socket, "source": runtime.source}
 
 
-def preview_one(where: str, obj: Any, settings: Settings, query: Query, namespaces: NamespaceFacts) -> PreviewEntry:
+def preview_one(
+    where: str, obj: Any, settings: Settings, query: PreviewQuery, namespaces: NamespaceFacts
+) -> PreviewEntry:
     if not isinstance(obj, dict):
         raise RequestError(400, f"{where}: expected a Kubernetes object, got {type_name(obj)}")
     kind = obj.get("kind")
@@ -317,11 +329,10 @@ def render(entries: list[PreviewEntry], output: str, as_list: bool) -> tuple[byt
 def preview(
     body: bytes,
     content_type: str,
-    params: dict[str, str],
+    query: PreviewQuery,
     settings: Settings,
     namespaces: NamespaceFacts = no_cluster,
 ) -> tuple[bytes, str]:
-    query = parse_query(params)
     docs = load_documents(body, content_type)
     objects = list(_objects(docs))
     entries = [preview_one(where, obj, settings, query, namespaces) for where, obj in objects]

@@ -31,6 +31,7 @@ from typing import Any, NamedTuple
 from webhook.config import Settings
 from webhook.errors import PreviewFailed, RequestError
 from webhook.mutation.facts import NO_CLUSTER, NO_FACTS, ClusterFacts, ExportedFacts, NodeFacts, NodeSnapshot
+from webhook.preview import PreviewQuery
 from webhook.review import NamespaceFacts
 
 log = logging.getLogger(__name__)
@@ -60,7 +61,7 @@ def answer(snapshot: NodeSnapshot | None, kind: str, arg: Any) -> Any:
 class _Job(NamedTuple):
     body: bytes
     content_type: str
-    params: dict[str, str]
+    query: PreviewQuery
     settings: Settings
     facts: ExportedFacts
 
@@ -134,10 +135,10 @@ class Previewer:
             self._free.append(worker)
 
     def run(
-        self, worker: Worker, body: bytes, content_type: str, params: dict[str, str], settings: Settings
+        self, worker: Worker, body: bytes, content_type: str, query: PreviewQuery, settings: Settings
     ) -> tuple[bytes, str]:
         facts, snapshot = self._export()
-        job = _Job(body, content_type, params, settings, facts)
+        job = _Job(body, content_type, query, settings, facts)
         return worker.run(job, settings.preview.timeout_seconds, snapshot)
 
     def stop(self) -> None:
@@ -231,7 +232,7 @@ def _serve(conn: Connection) -> None:
             return  # the server is gone
         try:
             content, content_type = preview.preview(
-                job.body, job.content_type, job.params, job.settings, _lookup(job.facts, conn)
+                job.body, job.content_type, job.query, job.settings, _lookup(job.facts, conn)
             )
             conn.send((200, content, content_type))
         except RequestError as exc:

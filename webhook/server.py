@@ -27,6 +27,7 @@ from webhook.errors import ClientGone, PreviewFailed, RequestError
 from webhook.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from webhook.metrics import Metrics
 from webhook.mutation.plan import KINDS, PTRACE, PULLER
+from webhook.preview import PreviewQuery
 from webhook.previewer import FactsExport, Previewer, no_cluster_export
 from webhook.review import (
     NamespaceFacts,
@@ -332,10 +333,10 @@ class WebhookApp:
             self.previewer.give_back(worker)
             self.metrics.previews_in_flight.dec()
 
-    async def _run_preview(self, request: Request, body: bytes, params: dict[str, str]) -> tuple[bytes, str]:
+    async def _run_preview(self, request: Request, body: bytes, query: PreviewQuery) -> tuple[bytes, str]:
         """The preview itself, in a worker process (previewer.py): admission reviews are answered meanwhile."""
         worker, kind, settings = request.scope[WORKER_KEY]
-        work = functools.partial(self.previewer.run, worker, body, kind, params, settings)
+        work = functools.partial(self.previewer.run, worker, body, kind, query, settings)
         try:
             result: tuple[bytes, str] = await asyncio.get_running_loop().run_in_executor(self._preview_waits, work)
         except PreviewFailed as exc:
