@@ -81,6 +81,56 @@ class State:
     note: str
 
 
+def _current_ca(data: dict[str, bytes], name: str, now: datetime, ca_days: int, notes: list[str]) -> KeyPair:
+    """The CA that signs, a new one (and the Secret's data started over) when there is none or it expired."""
+    ca = _pair(data.get(CA_CERT), data.get(CA_KEY))
+    if ca is not None and ca.cert.not_valid_after_utc > now:
+        return ca
+    ca = generate_ca(f"{name} webhook CA", days=ca_days, now=now)
+    data.clear()
+    data.update({CA_KEY: ca.key_pem, CA_CERT: ca.cert_pem})
+    notes.append("new CA")
+    return ca
+
+
+def _rotate(
+    data: dict[str, bytes],
+    ca: KeyPair,
+    bundle: list[x509.Certificate],
+    published: bytes | None,
+    name: str,
+    now: datetime,
+    ca_days: int,
+    notes: list[str],
+) -> KeyPair:
+    """The CA that signs after this step: an aged CA gets a next one, which joins the bundle; the next CA
+    is promoted once the API server trusts it."""
+    following = _pair(data.get(NEXT_CERT), data.get(NEXT_KEY))
+    if following is None and _aged(ca.cert, now):
+        following = generate_ca(f"{name} webhook CA", days=ca_days, now=now)
+        data[NEXT_KEY], data[NEXT_CERT] = following.key_pem, following.cert_pem
+        bundle.append(following.cert)
+        notes.append("next CA joins the bundle")
+    elif following is not None and following.cert in load_bundle(published):
+        # The API server trusts the next CA now: it may sign.
+        ca = following
+        data[CA_KEY], data[CA_CERT] = ca.key_pem, ca.cert_pem
+        del data[NEXT_KEY], data[NEXT_CERT]
+        notes.append("next CA promoted")
+    return ca
+
+
+def _serve(
+    data: dict[str, bytes], ca: KeyPair, names: Sequence[str], now: datetime, days: int, notes: list[str]
+) -> None:
+    """A new serving certificate when there is none, it aged, misses a name or another CA signed it."""
+    leaf = _pair(data.get(TLS_CERT), data.get(TLS_KEY))
+    if leaf is None or _aged(leaf.cert, now) or not _covers(leaf.cert, names) or not _signed_by(leaf.cert, ca.cert):
+        leaf = issue_serving(ca, list(names), days=days, now=now)
+        data[TLS_KEY], data[TLS_CERT] = leaf.key_pem, leaf.cert_pem
+        notes.append("new serving certificate")
+
+
 def next_state(
     secret: Mapping[str, bytes] | None,
     published: bytes | None,
@@ -92,32 +142,13 @@ def next_state(
     configuration now; `names`: the DNS names the serving certificate must cover."""
     ca_days = max(days * 10, 5 * 365)
     data = dict(secret or {})
-    ca = _pair(data.get(CA_CERT), data.get(CA_KEY))
-    notes = []
-    if ca is None or ca.cert.not_valid_after_utc <= now:
-        ca = generate_ca(f"{names[0]} webhook CA", days=ca_days, now=now)
-        data = {CA_KEY: ca.key_pem, CA_CERT: ca.cert_pem}
-        notes.append("new CA")
+    notes: list[str] = []
+    ca = _current_ca(data, names[0], now, ca_days, notes)
     bundle = [c for c in load_bundle(data.get(BUNDLE)) if c.not_valid_after_utc > now] or [ca.cert]
     if ca.cert not in bundle:
         bundle.insert(0, ca.cert)
-    following = _pair(data.get(NEXT_CERT), data.get(NEXT_KEY))
-    if following is None and _aged(ca.cert, now):
-        following = generate_ca(f"{names[0]} webhook CA", days=ca_days, now=now)
-        data[NEXT_KEY], data[NEXT_CERT] = following.key_pem, following.cert_pem
-        bundle.append(following.cert)
-        notes.append("next CA joins the bundle")
-    elif following is not None and following.cert in load_bundle(published):
-        # The API server trusts the next CA now: it may sign.
-        ca = following
-        data[CA_KEY], data[CA_CERT] = ca.key_pem, ca.cert_pem
-        del data[NEXT_KEY], data[NEXT_CERT]
-        notes.append("next CA promoted")
-    leaf = _pair(data.get(TLS_CERT), data.get(TLS_KEY))
-    if leaf is None or _aged(leaf.cert, now) or not _covers(leaf.cert, names) or not _signed_by(leaf.cert, ca.cert):
-        leaf = issue_serving(ca, list(names), days=days, now=now)
-        data[TLS_KEY], data[TLS_CERT] = leaf.key_pem, leaf.cert_pem
-        notes.append("new serving certificate")
+    ca = _rotate(data, ca, bundle, published, names[0], now, ca_days, notes)
+    _serve(data, ca, names, now, days, notes)
     bundle_pem = pem_bundle(bundle)
     data[BUNDLE] = bundle_pem
     changed = dict(secret or {}) != data
