@@ -169,6 +169,29 @@ class Informer(Generic[T]):
             self._columns = [str(c.get("name")) if isinstance(c, dict) else "" for c in columns]
 
     # --- list ---------------------------------------------------------------------------------------
+    def _take_page(self, page: dict[str, Any], held: Mapping[str, T], items: dict[str, T], changed: set[str]) -> int:
+        """Project a page's objects into `items`, keeping the object held where the value is equal and
+        adding the names of the others to `changed`; how many of the page's names were held before."""
+        kept = 0
+        for i, obj in enumerate(self._objects(page)):
+            try:
+                name, value = obj["metadata"]["name"], self._project(obj)
+            except (KeyError, TypeError, ValueError) as exc:
+                self.skipped_events += 1
+                log.warning("%s cache: skipped an unreadable object in a list: %s", self.name, exc)
+                continue
+            old = held.get(name)
+            if old is not None:
+                kept += 1
+            if old is not None and old == value:
+                value = old
+            else:
+                changed.add(name)
+            items[name] = value
+            if i % YIELD_EVERY == YIELD_EVERY - 1:
+                time.sleep(0)
+        return kept
+
     def list_once(self) -> None:
         """List everything, projecting as pages arrive. A value equal to the one held is kept (the same
         object), and nothing is published when nothing changed, so a relist after `410 Gone` costs the
@@ -183,23 +206,7 @@ class Informer(Generic[T]):
         # While serving, smaller pages: parsing one holds the interpreter (3 ms for 500 Table rows).
         page_size = min(self._page_size, RELIST_PAGE_SIZE) if self.synced.is_set() else self._page_size
         for page in list_pages(self._list_call, page_size, self._headers):
-            for i, obj in enumerate(self._objects(page)):
-                try:
-                    name, value = obj["metadata"]["name"], self._project(obj)
-                except (KeyError, TypeError, ValueError) as exc:
-                    self.skipped_events += 1
-                    log.warning("%s cache: skipped an unreadable object in a list: %s", self.name, exc)
-                    continue
-                old = held.get(name)
-                if old is not None:
-                    kept += 1
-                if old is not None and old == value:
-                    value = old
-                else:
-                    changed.add(name)
-                items[name] = value
-                if i % YIELD_EVERY == YIELD_EVERY - 1:
-                    time.sleep(0)
+            kept += self._take_page(page, held, items, changed)
             metadata = page.get("metadata") or {}
             self.resource_version = metadata.get("resourceVersion")
             # A relist while serving takes turns with the requests: as long again as the page took, idle.

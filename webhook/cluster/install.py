@@ -96,31 +96,41 @@ def verify(api: client.ApiClient, name: str, address: tuple[str, int] | None = N
     checks: list[Check] = []
     target = None
     for hook in config.get("webhooks") or ():
-        service = (hook.get("clientConfig") or {}).get("service") or {}
-        bundle = base64.b64decode((hook.get("clientConfig") or {}).get("caBundle") or "")
-        server_name = f"{service.get('name')}.{service.get('namespace')}.svc"
-        dial = address or (server_name, int(service.get("port") or 443))
-        if not bundle:
-            checks.append(Check(hook["name"], False, "no caBundle published: the API server cannot call it"))
-            continue
-        target = (dial, server_name, bundle)
-        review = {
-            "apiVersion": "admission.k8s.io/v1",
-            "kind": "AdmissionReview",
-            "request": {
-                "uid": "copilot-webhook-verify",
-                "kind": {"group": "", "version": "v1", "kind": "Pod"},
-                "resource": {"group": "", "version": "v1", "resource": "pods"},
-                "namespace": "default",
-                "operation": "CREATE",
-                "dryRun": True,
-                "object": SAMPLE_POD,
-            },
-        }
-        checks.append(_review_check(hook["name"], dial, server_name, bundle, service.get("path") or "/", review))
+        check, reached = _hook_check(hook, address)
+        checks.append(check)
+        target = reached or target
     if target is not None:
         checks.append(_preview_check(*target))
     return checks
+
+
+_REVIEW: dict[str, Any] = {
+    "apiVersion": "admission.k8s.io/v1",
+    "kind": "AdmissionReview",
+    "request": {
+        "uid": "copilot-webhook-verify",
+        "kind": {"group": "", "version": "v1", "kind": "Pod"},
+        "resource": {"group": "", "version": "v1", "resource": "pods"},
+        "namespace": "default",
+        "operation": "CREATE",
+        "dryRun": True,
+        "object": SAMPLE_POD,
+    },
+}
+
+
+def _hook_check(
+    hook: dict[str, Any], address: tuple[str, int] | None
+) -> tuple[Check, tuple[tuple[str, int], str, bytes] | None]:
+    """One webhook's dry-run review, and where its server is reached (None without a caBundle)."""
+    service = (hook.get("clientConfig") or {}).get("service") or {}
+    bundle = base64.b64decode((hook.get("clientConfig") or {}).get("caBundle") or "")
+    server_name = f"{service.get('name')}.{service.get('namespace')}.svc"
+    dial = address or (server_name, int(service.get("port") or 443))
+    if not bundle:
+        return Check(hook["name"], False, "no caBundle published: the API server cannot call it"), None
+    check = _review_check(hook["name"], dial, server_name, bundle, service.get("path") or "/", _REVIEW)
+    return check, (dial, server_name, bundle)
 
 
 def _review_check(

@@ -19,6 +19,21 @@ from webhook.mutation.runtime import CRI_SOCKET_ANNOTATION, node_facts
 NO_ANNOTATIONS: Mapping[str, str] = MappingProxyType({})
 
 
+def _runtime_version(obj: dict[str, Any]) -> Any:
+    node_info = (obj.get("status") or {}).get("nodeInfo") or {}
+    return node_info.get("containerRuntimeVersion") if isinstance(node_info, dict) else None
+
+
+def _held_unchanged(
+    held: Mapping[str, NodeFacts] | None, name: Any, labels: dict[str, Any], version: Any, kept: Mapping[str, str]
+) -> NodeFacts | None:
+    """The facts held for the node when projecting it again would give equal facts, else None."""
+    old = held.get(name) if held is not None and isinstance(name, str) else None
+    if old is not None and old.labels == labels and node_facts(version, old.labels, kept) == old:
+        return old
+    return None
+
+
 def project_node(
     obj: dict[str, Any], share: Callable[[str], str] = str, held: Mapping[str, NodeFacts] | None = None
 ) -> NodeFacts:
@@ -30,8 +45,7 @@ def project_node(
     annotations = metadata.get("annotations") or {}
     if not isinstance(labels, dict) or not isinstance(annotations, dict):
         raise TypeError("node labels and annotations must be objects")
-    node_info = (obj.get("status") or {}).get("nodeInfo") or {}
-    version = node_info.get("containerRuntimeVersion") if isinstance(node_info, dict) else None
+    version = _runtime_version(obj)
     # Only the one annotation the rules read is kept; labels are kept whole (node selectors read any).
     kept = (
         {CRI_SOCKET_ANNOTATION: annotations[CRI_SOCKET_ANNOTATION]}
@@ -39,11 +53,9 @@ def project_node(
         else NO_ANNOTATIONS
     )
     name = metadata.get("name")
-    old = held.get(name) if held is not None and isinstance(name, str) else None
-    if old is not None and old.labels == labels:
-        fresh = node_facts(version, old.labels, kept)
-        if fresh == old:
-            return old
+    old = _held_unchanged(held, name, labels, version, kept)
+    if old is not None:
+        return old
     return node_facts(version, {str(k): str(v) if v == name else share(str(v)) for k, v in labels.items()}, kept)
 
 
