@@ -341,6 +341,23 @@ def _known_keys(model: type[BaseModel]) -> dict[str, str]:
     return keys
 
 
+def _env_key(var: str, part: str, model: type[BaseModel] | None, path: list[str]) -> str:
+    """The camelCase key a part of a variable's name stands for under `path`; ConfigError when none."""
+    known = _known_keys(model) if model is not None else {}
+    key = known.get(part.lower()) or known.get(part.lower().replace("_", ""))
+    if key is None:
+        where = ".".join(path) or "the top level"
+        raise ConfigError(f"{var}: unknown key {part!r} under {where}; known: {', '.join(sorted(set(known.values())))}")
+    return key
+
+
+def _section_model(model: type[BaseModel] | None, key: str) -> type[BaseModel] | None:
+    """The model of the section under `key`, None when the key holds a value (or a mapping of them)."""
+    field = model.model_fields[_snake(model, key)] if model else None
+    annotation = field.annotation if field else None
+    return annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+
+
 def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
     """COPILOT_WEBHOOK_PTRACE__MODE=drop -> {"ptrace": {"mode": "drop"}}; values are parsed as YAML scalars."""
     overrides: dict[str, Any] = {}
@@ -352,21 +369,13 @@ def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
         node = overrides
         path: list[str] = []
         for i, part in enumerate(parts):
-            known = _known_keys(model) if model is not None else {}
-            key = known.get(part.lower()) or known.get(part.lower().replace("_", ""))
-            if key is None:
-                where = ".".join(path) or "the top level"
-                raise ConfigError(
-                    f"{var}: unknown key {part!r} under {where}; known: {', '.join(sorted(set(known.values())))}"
-                )
+            key = _env_key(var, part, model, path)
             path.append(key)
             if i == len(parts) - 1:
                 node[key] = _scalar(raw)
             else:
                 node = node.setdefault(key, {})
-                field = model.model_fields[_snake(model, key)] if model else None
-                annotation = field.annotation if field else None
-                model = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+                model = _section_model(model, key)
     return overrides
 
 
