@@ -52,13 +52,9 @@ class Reference(NamedTuple):
 
 
 @functools.lru_cache(maxsize=4096)  # the same images come back with every pod of a task
-def parse(text: str) -> Reference:
-    """The normalised reference, or InvalidReference naming what is wrong. A leading `-` never parses, so a
-    reference can never be taken for a client's option."""
-    match = _REFERENCE.match(text) if len(text) <= 512 else None
-    if match is None:
-        raise InvalidReference(f"invalid image reference {text[:80]!r}")
-    domain, path = match["domain"], match["path"]
+def _repository(domain: str | None, path: str, text: str) -> tuple[str, str]:
+    """The registry and the path in it: a first component without `.`, `:` or being localhost is a path
+    component on Docker Hub, whose official images are under library/."""
     if domain is None or ("." not in domain and ":" not in domain and domain != "localhost"):
         if domain is not None and not _PATH.fullmatch(domain):  # a path component: lowercase only
             raise InvalidReference(f"invalid image reference {text[:80]!r}: repository name must be lowercase")
@@ -68,6 +64,16 @@ def parse(text: str) -> Reference:
         domain = DOCKER_HUB
     if domain == DOCKER_HUB and "/" not in path:
         path = f"library/{path}"
+    return domain, path
+
+
+def parse(text: str) -> Reference:
+    """The normalised reference, or InvalidReference naming what is wrong. A leading `-` never parses, so a
+    reference can never be taken for a client's option."""
+    match = _REFERENCE.match(text) if len(text) <= 512 else None
+    if match is None:
+        raise InvalidReference(f"invalid image reference {text[:80]!r}")
+    domain, path = _repository(match["domain"], match["path"], text)
     tag = match["tag"]
     if tag is None and match["digest"] is None:
         tag = "latest"
