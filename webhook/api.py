@@ -25,7 +25,6 @@ from webhook import __version__
 from webhook.errors import RequestError
 from webhook.preview import PreviewQuery, query_error
 
-BODY_KEY = "copilot-webhook.body"  # the preview body, read by the server, in the ASGI scope
 PATHS = ("/preview", "/openapi.json", "/docs", "/docs/oauth2-redirect")
 STATIC = "/static-offline-docs/"
 
@@ -97,7 +96,8 @@ def build(run_preview: RunPreview) -> FastAPI:
         },
     )
     async def preview(request: Request, query: Annotated[PreviewQuery, Query()]) -> Response:
-        content, content_type = await run_preview(request, request.scope[BODY_KEY], query)
+        # The server read the body under its limits and deadline; here it is replayed from memory.
+        content, content_type = await run_preview(request, await request.body(), query)
         return Response(content, media_type=content_type)
 
     def openapi() -> dict[str, Any]:

@@ -19,8 +19,8 @@ from typing import Any
 import orjson
 from fastapi import FastAPI, Request
 
-from webhook.api import BODY_KEY, STATIC
 from webhook.api import PATHS as API_PATHS
+from webhook.api import STATIC
 from webhook.api import build as build_api
 from webhook.config import Settings
 from webhook.errors import ClientGone, PreviewFailed, RequestError
@@ -327,8 +327,8 @@ class WebhookApp:
         try:
             settings = self.settings
             body = await self._read_body(scope, receive, settings.preview.max_body_bytes, "preview.maxBodyBytes")
-            extended = {**scope, BODY_KEY: body, WORKER_KEY: (worker, kind, settings)}
-            return await _forward(self.api, extended, _no_more_body, send)
+            extended = {**scope, WORKER_KEY: (worker, kind, settings)}
+            return await _forward(self.api, extended, functools.partial(_replay, body), send)
         finally:
             self.previewer.give_back(worker)
             self.metrics.previews_in_flight.dec()
@@ -382,6 +382,6 @@ async def _forward(app: FastAPI, scope: Scope, receive: Receive, send: Send) -> 
     return status[0] if status else None
 
 
-async def _no_more_body() -> dict[str, Any]:
-    """The preview's body was read before FastAPI saw the request."""
-    return {"type": "http.request", "body": b"", "more_body": False}
+async def _replay(body: bytes) -> dict[str, Any]:
+    """The preview's body, read under its limits and deadline before FastAPI saw the request."""
+    return {"type": "http.request", "body": body, "more_body": False}
