@@ -64,7 +64,13 @@ def build(run_preview: RunPreview) -> FastAPI:
     app = FastAPIOffline(
         title="copilot-webhook",
         version=__version__,
-        description=__doc__.split("\n\n")[0] if __doc__ else None,
+        description=(
+            "Preview what the webhook would change, without changing anything: POST a Pod, a workload with a pod"
+            " template, an AdmissionReview or a List (JSON or YAML) to /preview for the JSON Patch, the mutated"
+            " object, a reason for each operation and the warnings, or a diff. The endpoints the Kubernetes API"
+            " server calls (/mutate, /mutate/ptrace, /mutate/image-puller), the probes (/healthz, /readyz) and"
+            " /metrics are described here too; a refused preview answers a JSON object with an `error` message."
+        ),
         redoc_url=None,
         static_url=STATIC.rstrip("/"),
     )
