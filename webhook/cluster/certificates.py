@@ -31,6 +31,7 @@ from kubernetes.client.exceptions import ApiException
 
 from certs.authority import service_dns_names, write_atomic
 from certs.rotation import BUNDLE, TLS_CERT, TLS_KEY, State, next_state
+from webhook import objects
 from webhook.cluster.errors import EnsureError
 
 log = logging.getLogger(__name__)
@@ -79,7 +80,7 @@ class CertificateManager:
         data = {k: base64.b64decode(v) for k, v in (obj.get("data") or {}).items()}
         return data, obj["metadata"]["resourceVersion"]
 
-    def read_webhook_config(self) -> dict[str, Any]:
+    def read_webhook_config(self) -> objects.WebhookConfiguration:
         try:
             return _raw(self.admission.read_mutating_webhook_configuration(self.webhook_config, _preload_content=False))
         except ApiException as exc:
@@ -106,7 +107,7 @@ class CertificateManager:
                 body = client.V1Secret(api_version="v1", kind="Secret", type="Opaque", metadata=metadata, data=data)
                 _raw(self.core.create_namespaced_secret(self.namespace, body, _preload_content=False))
             else:
-                ops: list[dict[str, Any]] = [
+                ops: list[objects.PatchOperation] = [
                     {"op": "test", "path": "/metadata/resourceVersion", "value": resource_version},
                     {"op": "add", "path": "/data", "value": data},
                 ]
@@ -121,7 +122,7 @@ class CertificateManager:
             raise
         return True
 
-    def _patch_config(self, config: Mapping[str, Any], ops: list[dict[str, Any]]) -> bool:
+    def _patch_config(self, config: Mapping[str, Any], ops: list[objects.PatchOperation]) -> bool:
         """JSON-patch the webhook configuration as it was read; False when it changed since (read again)."""
         version = {"op": "test", "path": "/metadata/resourceVersion", "value": config["metadata"]["resourceVersion"]}
         try:

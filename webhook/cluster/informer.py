@@ -32,6 +32,7 @@ from typing import Any, Generic, TypeVar
 import orjson
 from kubernetes.client.exceptions import ApiException
 
+from webhook import objects
 from webhook.cluster.errors import Gone
 
 log = logging.getLogger(__name__)
@@ -52,7 +53,7 @@ Rows = Callable[[dict[str, Any], list[str]], dict[str, Any] | None]
 
 def list_pages(
     list_call: ListCall, page_size: int = PAGE_SIZE, headers: dict[str, str] | None = None
-) -> Iterator[dict[str, Any]]:
+) -> Iterator[objects.ListPage]:
     """Every page of a paged list (`limit`, `continue`), each parsed from raw JSON."""
     token: str | None = None
     while True:
@@ -63,7 +64,7 @@ def list_pages(
             kwargs["_continue"] = token
         response = list_call(**kwargs)
         try:
-            page: dict[str, Any] = orjson.loads(response.data)
+            page: objects.ListPage = orjson.loads(response.data)
         finally:
             response.release_conn()
         yield page
@@ -146,7 +147,7 @@ class Informer(Generic[T]):
     def _headers(self) -> dict[str, str] | None:
         return {"Accept": TABLE} if self._table is not None else None
 
-    def _objects(self, page: dict[str, Any]) -> list[Any]:
+    def _objects(self, page: objects.ListPage) -> list[Any]:
         """The objects of a list page, or of a watch event's Table (one row; a bookmark's row is empty)."""
         if page.get("kind") != "Table":
             return page.get("items") or []
@@ -163,13 +164,13 @@ class Informer(Generic[T]):
                 objects.append(obj)
         return objects
 
-    def _remember_columns(self, table: dict[str, Any]) -> None:
+    def _remember_columns(self, table: objects.ListPage) -> None:
         columns = table.get("columnDefinitions")  # null after a watch's first event
         if isinstance(columns, list) and columns:
             self._columns = [str(c.get("name")) if isinstance(c, dict) else "" for c in columns]
 
     # --- list ---------------------------------------------------------------------------------------
-    def _take_page(self, page: dict[str, Any], held: Mapping[str, T], items: dict[str, T], changed: set[str]) -> int:
+    def _take_page(self, page: objects.ListPage, held: Mapping[str, T], items: dict[str, T], changed: set[str]) -> int:
         """Project a page's objects into `items`, keeping the object held where the value is equal and
         adding the names of the others to `changed`; how many of the page's names were held before."""
         kept = 0
@@ -265,7 +266,7 @@ class Informer(Generic[T]):
         finally:
             response.release_conn()
 
-    def _parse(self, line: bytes) -> tuple[str, dict[str, Any]] | None:
+    def _parse(self, line: bytes) -> tuple[str, objects.WatchEvent] | None:
         """(type, object) of a watch event line; None (counted, logged) when it is malformed."""
         try:
             event = orjson.loads(line)
@@ -278,7 +279,7 @@ class Informer(Generic[T]):
             return None
         return kind, obj
 
-    def _unwrap(self, kind: str, obj: dict[str, Any]) -> dict[str, Any] | None:
+    def _unwrap(self, kind: str, obj: objects.WatchEvent) -> dict[str, Any] | None:
         """The object of a Table event (a bookmark's Table carries only its version and columns)."""
         if obj.get("kind") != "Table":
             return obj

@@ -15,9 +15,11 @@ import orjson
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from webhook import objects
+
 # A pod as Flyte <= 1.15 builds a raw-container task (flyteplugins' copilot.go): the copilot's downloader,
 # its sidecar watcher as a regular container, and the primary sharing the data volume.
-SAMPLE_POD: dict[str, Any] = {
+SAMPLE_POD: objects.Pod = {
     "apiVersion": "v1",
     "kind": "Pod",
     "metadata": {"name": "copilot-webhook-verify", "namespace": "default"},
@@ -120,7 +122,7 @@ _REVIEW: dict[str, Any] = {
 
 
 def _hook_check(
-    hook: dict[str, Any], address: tuple[str, int] | None
+    hook: objects.MutatingWebhook, address: tuple[str, int] | None
 ) -> tuple[Check, tuple[tuple[str, int], str, bytes] | None]:
     """One webhook's dry-run review, and where its server is reached (None without a caBundle)."""
     service = (hook.get("clientConfig") or {}).get("service") or {}

@@ -21,8 +21,9 @@ import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
+from webhook import objects
 from webhook.cluster.certificates import CertificateManager, handshake_verifies
 from webhook.cluster.informer import Informer
 
@@ -38,7 +39,7 @@ class Report(Protocol):
     def bundle_repair(self) -> None: ...
 
 
-def _project(obj: dict[str, Any]) -> Projection:
+def _project(obj: objects.WebhookConfiguration) -> Projection:
     hooks = tuple(
         (str(h.get("name")), str((h.get("clientConfig") or {}).get("caBundle") or ""), str(h.get("failurePolicy")))
         for h in obj.get("webhooks") or ()

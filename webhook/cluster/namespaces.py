@@ -5,11 +5,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from webhook import objects
 from webhook.cluster.informer import Informer, ListCall
 from webhook.mutation.facts import NAMESPACE_LABELS
 
 
-def project_namespace(obj: dict[str, Any]) -> Mapping[str, str]:
+def project_namespace(obj: objects.Namespace) -> Mapping[str, str]:
     labels = (obj.get("metadata") or {}).get("labels") or {}
     if not isinstance(labels, dict):
         raise TypeError("namespace labels must be an object")

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
+from webhook import objects
 from webhook.cluster.informer import Informer, ListCall
 from webhook.mutation.facts import NodeFacts, NodeSnapshot, node_snapshot
 from webhook.mutation.runtime import CRI_SOCKET_ANNOTATION, node_facts
@@ -19,7 +20,7 @@ from webhook.mutation.runtime import CRI_SOCKET_ANNOTATION, node_facts
 NO_ANNOTATIONS: Mapping[str, str] = MappingProxyType({})
 
 
-def _runtime_version(obj: dict[str, Any]) -> Any:
+def _runtime_version(obj: objects.Node) -> Any:
     node_info = (obj.get("status") or {}).get("nodeInfo") or {}
     return node_info.get("containerRuntimeVersion") if isinstance(node_info, dict) else None
 
@@ -35,7 +36,7 @@ def _held_unchanged(
 
 
 def project_node(
-    obj: dict[str, Any], share: Callable[[str], str] = str, held: Mapping[str, NodeFacts] | None = None
+    obj: objects.Node, share: Callable[[str], str] = str, held: Mapping[str, NodeFacts] | None = None
 ) -> NodeFacts:
     """`share` returns one string object for equal label values (zones, pools, instance types repeat
     across thousands of nodes). `held`: the facts already cached; a node whose facts are unchanged (a
@@ -77,7 +78,7 @@ class SharedStrings:
 RUNTIME_COLUMN = "Container-Runtime"
 
 
-def node_from_row(row: dict[str, Any], columns: list[str]) -> dict[str, Any] | None:
+def node_from_row(row: objects.TableRow, columns: list[str]) -> objects.Node | None:
     """A Table row as the little of a Node that project_node reads; None when the row cannot say."""
     obj, cells = row.get("object"), row.get("cells")
     if not isinstance(obj, dict) or not isinstance(cells, list) or RUNTIME_COLUMN not in columns:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from webhook import objects
 from webhook.mutation.errors import PodShapeError
 
 CONTAINER_LISTS = ("initContainers", "containers", "ephemeralContainers")
@@ -29,7 +30,7 @@ def type_name(value: Any) -> str:
     return "null" if value is None else _TYPE_NAMES.get(type(value), type(value).__name__)
 
 
-def expect_object(value: Any, where: str) -> dict[str, Any]:
+def expect_object(value: Any, where: str) -> objects.JSONObject:
     """Callers test `type(x) is dict` first and only call this to fail: it formats the message."""
     if not isinstance(value, dict):
         raise PodShapeError(f"{where} must be an object, not {type_name(value)}")
@@ -40,7 +41,7 @@ def expect_object(value: Any, where: str) -> dict[str, Any]:
 class Container:
     field: str  # "containers", "initContainers" or "ephemeralContainers"
     index: int
-    body: dict[str, Any]
+    body: objects.Container
     name: str
     path: str  # the JSON Pointer of the container, e.g. /spec/initContainers/0
 
@@ -51,7 +52,7 @@ class Container:
     def where(self, *fields: str) -> str:
         return ".".join((f"spec.{self.field}[{self.index}]", *fields))
 
-    def object_at(self, value: Any, *fields: str) -> dict[str, Any] | None:
+    def object_at(self, value: Any, *fields: str) -> objects.JSONObject | None:
         """`value`, read from the given fields of this container: None or an object (the message is only
         built when the check fails: this runs for every target container on every request)."""
         if value is None or type(value) is dict:
@@ -66,10 +67,10 @@ class Container:
 
 @dataclass(slots=True)
 class PodView:
-    pod: dict[str, Any]
-    metadata: dict[str, Any] | None
+    pod: objects.Pod
+    metadata: objects.ObjectMeta | None
     annotations: dict[str, str] | None
-    spec: dict[str, Any]
+    spec: objects.PodSpec
     containers: tuple[Container, ...]
 
     def annotation(self, key: str) -> str | None:
@@ -101,7 +102,7 @@ def _annotations(annotations: Any, where: str) -> dict[str, str] | None:
     return checked
 
 
-def _containers(spec: dict[str, Any], where: str) -> tuple[Container, ...]:
+def _containers(spec: objects.PodSpec, where: str) -> tuple[Container, ...]:
     found: list[Container] = []
     for field in CONTAINER_LISTS:
         items = spec.get(field)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from webhook import objects
 from webhook.config import ImagePullerSettings
 from webhook.errors import InvalidReference
 from webhook.mutation.errors import PodShapeError, Undecidable
@@ -32,7 +33,7 @@ SECRETS_PATH = "/var/run/copilot-webhook/pull-secrets"
 PULLER_COMMAND = "copilot-webhook-pull"
 
 
-def _kubelet_pulls_anyway(container: dict[str, Any], reference: Reference) -> bool:
+def _kubelet_pulls_anyway(container: objects.Container, reference: Reference) -> bool:
     """`Always`, or no policy on a `:latest` (or untagged) reference without a digest, which the API server
     defaults to Always: the kubelet pulls these whatever is present, so pre-pulling gains nothing."""
     policy = container.get("imagePullPolicy")
@@ -84,7 +85,7 @@ def pull_secrets(view: PodView) -> list[str]:
     return list(dict.fromkeys(n for n in names if isinstance(n, str) and n))
 
 
-def secrets_volume(names: list[str]) -> dict[str, Any]:
+def secrets_volume(names: list[str]) -> objects.Volume:
     """Each secret's .dockerconfigjson as <name>.json; optional, as the kubelet treats a missing pull secret."""
     sources = [
         {"secret": {"name": n, "items": [{"key": ".dockerconfigjson", "path": f"{n}.json"}], "optional": True}}
@@ -95,7 +96,7 @@ def secrets_volume(names: list[str]) -> dict[str, Any]:
 
 def puller_container(
     runtime: Runtime, images: list[str], settings: ImagePullerSettings, secrets: list[str] | None = None
-) -> dict[str, Any]:
+) -> objects.Container:
     template = settings.memo(container_template)
     mounts: list[dict[str, Any]] = [{"name": VOLUME_NAME, "mountPath": runtime.socket}]
     args = [f"--runtime={runtime.client}", f"--socket={runtime.socket}"]
@@ -126,7 +127,7 @@ def puller_container(
     return container
 
 
-def container_template(settings: ImagePullerSettings) -> dict[str, Any]:
+def container_template(settings: ImagePullerSettings) -> objects.Container:
     """The parts of the puller container that depend on the settings alone, built once per settings
     (ImagePullerSettings.memo). Shared between answers: nothing downstream mutates a
     planned value."""
@@ -156,7 +157,7 @@ def container_template(settings: ImagePullerSettings) -> dict[str, Any]:
     }
 
 
-def socket_volume(runtime: Runtime) -> dict[str, Any]:
+def socket_volume(runtime: Runtime) -> objects.Volume:
     return {"name": VOLUME_NAME, "hostPath": {"path": runtime.socket, "type": "Socket"}}
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
+from webhook import objects
 from webhook.mutation.errors import PodShapeError
 from webhook.mutation.facts import NodeSnapshot
 from webhook.mutation.pod import PodView, type_name
@@ -67,7 +68,7 @@ def _term_matches(term: Any, name: str, labels: Mapping[str, str], where: str) -
     ) and all(_expression_matches(f, fields_as_labels, f"{where}.matchFields[{i}]") for i, f in enumerate(fields))
 
 
-def required_terms(spec: dict[str, Any]) -> list[Any] | None:
+def required_terms(spec: objects.PodSpec) -> list[Any] | None:
     """The pod's required node-affinity terms (ORed), or None when it has none."""
     affinity = spec.get("affinity")
     node_affinity = affinity.get("nodeAffinity") if isinstance(affinity, dict) else None
@@ -95,7 +96,7 @@ def _by_selector(snapshot: NodeSnapshot, selector: Mapping[str, str]) -> list[st
     return sorted(common)
 
 
-def _by_first_in(snapshot: NodeSnapshot, term: dict[str, Any]) -> list[str] | None:
+def _by_first_in(snapshot: NodeSnapshot, term: objects.NodeSelectorTerm) -> list[str] | None:
     """The nodes carrying one of the values of the term's first `In` expression; None without one."""
     for expr in term.get("matchExpressions") or ():
         if isinstance(expr, dict) and expr.get("operator") == "In" and isinstance(expr.get("values"), list):
@@ -118,7 +119,7 @@ def _indexed(snapshot: NodeSnapshot, selector: Mapping[str, str] | None, terms: 
     return snapshot.nodes
 
 
-def _node_selector(spec: dict[str, Any]) -> dict[str, str] | None:
+def _node_selector(spec: objects.PodSpec) -> dict[str, str] | None:
     selector = spec.get("nodeSelector")
     if selector is not None and (
         not isinstance(selector, dict) or not all(isinstance(v, str) for v in selector.values())
