@@ -168,7 +168,8 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The command line, refused with a usage error (exit 2) where a value cannot be used."""
     parser = _parser()
     args = parser.parse_args(argv)
     if args.retries < 1 or args.parallel < 1:
@@ -183,6 +184,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.pull_secrets is not None and not os.path.isdir(args.pull_secrets):
         what = "not a directory" if os.path.exists(args.pull_secrets) else "no such directory"
         parser.error(f"--pull-secrets {args.pull_secrets}: {what} (the pod's pull secrets volume)")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _arguments(argv)
     images = distinct(args.images)
     if not images:
         print("summary present=0 pulled=0 failed=0 cancelled=0: no images to pull", flush=True)
