@@ -628,6 +628,20 @@ def _drain(plane: ControlPlane, name: str, timeout: float = 90) -> None:
         kube.close()
 
 
+def _forget(plane: ControlPlane, name: str) -> None:
+    """The Node object goes with its kubelet: later tests of the session see the nodes they made only."""
+    import httpx
+
+    from tests.kube_support import Kube, KubeError
+
+    kube = Kube(plane)
+    try:
+        with contextlib.suppress(KubeError, httpx.HTTPError):
+            kube.delete(f"/api/v1/nodes/{name}")
+    finally:
+        kube.close()
+
+
 def _stop(processes: list[Process], plane: ControlPlane, work: Path, cgroup: str, name: str) -> None:
     """The pods first (by the kubelet), the kubelet, then every container left (their shims outlive
     containerd), then containerd."""
@@ -637,6 +651,7 @@ def _stop(processes: list[Process], plane: ControlPlane, work: Path, cgroup: str
             _drain(plane, name)
     for process in [p for p in processes if p.name != "containerd"]:
         stop_process(process.popen)
+    _forget(plane, name)
     containerd = [p for p in processes if p.name == "containerd"]
     if containerd and containerd[0].popen.poll() is None:
         _remove_containers(work / "containerd" / "containerd.sock")

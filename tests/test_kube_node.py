@@ -42,7 +42,7 @@ STANDIN = Path(__file__).parent / "node" / "standin"
 
 
 @pytest.fixture(scope="module")
-def the_node(kube: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
+def the_node(kube: ControlPlane) -> Iterator[Node]:
     from tests.gotools import binary
 
     require_node()
