@@ -329,15 +329,17 @@ class ControlPlane:
     def urlopen(self, path: str) -> Any:
         return urllib.request.urlopen(self.url + path, context=self.ssl_context(), timeout=5)
 
-    def kubeconfig(self, path: Path, *, token: str | None = None) -> Path:
-        """A kubeconfig for the admin certificate, or for a bearer token (a ServiceAccount's)."""
+    def kubeconfig(self, path: Path, *, token: str | None = None, client: KeyPair | None = None) -> Path:
+        """A kubeconfig for a bearer token (a ServiceAccount's), a client certificate (a kubelet's), or by
+        default the admin certificate."""
         user: dict[str, str]
         if token is not None:
             user = {"token": token}
         else:
+            pair = client or self.admin
             user = {
-                "client-certificate-data": base64.b64encode(self.admin.cert_pem).decode(),
-                "client-key-data": base64.b64encode(self.admin.key_pem).decode(),
+                "client-certificate-data": base64.b64encode(pair.cert_pem).decode(),
+                "client-key-data": base64.b64encode(pair.key_pem).decode(),
             }
         config = {
             "apiVersion": "v1",

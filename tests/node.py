@@ -13,7 +13,6 @@ API server's (iptables DNAT), and a small DNS server answers the Services' names
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
 import os
@@ -32,7 +31,6 @@ from typing import Any
 
 import yaml
 
-from certs.authority import write_atomic
 from tests.controlplane import API_PORT, NS_ADDRESS, ControlPlane, Process, client_certificate
 from tests.daemons import ARCH
 from tests.gotools import KUBERNETES_VERSION
@@ -238,36 +236,6 @@ def kubelet_config(work: Path, containerd_socket: Path, ca: Path) -> Obj:
     if cgroup_v1():
         config["failCgroupV1"] = False  # 1.35 refuses cgroup v1 unless told, and these machines run it
     return config
-
-
-def _kubeconfig(plane: ControlPlane, user: str, groups: Sequence[str], path: Path) -> Path:
-    pair = client_certificate(plane.ca, user, groups)
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [
-            {
-                "name": "test",
-                "cluster": {
-                    "server": plane.url,
-                    "certificate-authority-data": base64.b64encode(plane.ca.cert_pem).decode(),
-                },
-            }
-        ],
-        "users": [
-            {
-                "name": user,
-                "user": {
-                    "client-certificate-data": base64.b64encode(pair.cert_pem).decode(),
-                    "client-key-data": base64.b64encode(pair.key_pem).decode(),
-                },
-            }
-        ],
-        "contexts": [{"name": "test", "context": {"cluster": "test", "user": user}}],
-        "current-context": "test",
-    }
-    write_atomic(path, yaml.safe_dump(config).encode(), 0o600)
-    return path
 
 
 # --- the cluster DNS ------------------------------------------------------------------------------------
@@ -568,7 +536,8 @@ def node(
         _make_cgroup_root(cgroup)
         config["cgroupRoot"] = f"/{cgroup}"
         (kubelet_work / "config.yaml").write_text(yaml.safe_dump(config))
-        kubeconfig = _kubeconfig(plane, f"system:node:{name}", ["system:nodes"], kubelet_work / "kubeconfig")
+        node_certificate = client_certificate(plane.ca, f"system:node:{name}", ["system:nodes"])
+        kubeconfig = plane.kubeconfig(kubelet_work / "kubeconfig", client=node_certificate)
         kubelet_process = _spawn(
             processes,
             plane,
