@@ -171,11 +171,11 @@ def test_previews_over_their_own_body_limit_are_413_before_reading() -> None:
 
 
 @pytest.mark.parametrize("output", ["diff", "yaml"])
-def test_the_largest_preview_takes_a_fraction_of_the_preview_timeout(output: str) -> None:
+def test_the_largest_preview_fits_in_the_preview_timeout(output: str) -> None:
     """preview.maxBodyBytes (1 MiB) of Flyte pods as JSON: output=diff took 12 s of CPU while PyYAML's own
     writer made the YAML, so the worker was stopped at preview.timeoutSeconds (10 s) and the answer was 503;
-    under 2 s since (docs/http-api.md has the cost of each output). CPU time, not wall time: the machine
-    may be busy."""
+    under 2 s since on a quiet machine (docs/http-api.md has the cost of each output; bench/ measures it).
+    The bound here is what a user meets, the timeout; CPU time, not wall time: the machine may be busy."""
     flyte = load_yaml(Path(__file__).parent.parent / "examples" / "flyte-1.15-pod.yaml")
     count = (1024 * 1024 - 100) // (len(orjson.dumps(flyte)) + 1)
     body = orjson.dumps({"apiVersion": "v1", "kind": "List", "items": [flyte] * count})
@@ -184,7 +184,8 @@ def test_the_largest_preview_takes_a_fraction_of_the_preview_timeout(output: str
     answer, _ = preview(body, "application/json", PreviewQuery.of({"output": output}), build_settings({}))
     cpu = time.process_time() - started
     assert answer.count(b"\nkind: Pod\n" if output == "yaml" else b"\n+++ Pod/bq2m4-n1-0 (after)") == count
-    assert cpu < 5, f"{cpu:.1f} s of CPU for output={output}"
+    timeout = build_settings({}).preview.timeout_seconds
+    assert cpu < timeout, f"{cpu:.1f} s of CPU for output={output}: a worker would be stopped at {timeout} s"
 
 
 # --- request targets and duplicate keys ----------------------------------------------------------------------
@@ -513,7 +514,10 @@ def test_sigterm_under_load_loses_no_request(tls_dir: Path, tmp_path: Path) -> N
         threads = [threading.Thread(target=client, args=(n,)) for n in range(6)]
         for t in threads:
             t.start()
-        time.sleep(1.0)
+        # The load runs before the signal: on a busy machine the clients may need more than a second.
+        deadline = time.monotonic() + 15
+        while sent[0] <= 20 and time.monotonic() < deadline:
+            time.sleep(0.1)
         before = sent[0]
         server.process.send_signal(signal.SIGTERM)
         time.sleep(0.3)
