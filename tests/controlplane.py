@@ -37,6 +37,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from certs.authority import KeyPair, generate_ca, issue_serving, write_atomic
 from tests.server_process import free_port, stop_process
+from tests.support import unavailable
 
 
 def _veth_addresses() -> tuple[str, str]:
@@ -375,16 +376,11 @@ class ControlPlane:
 
 def require_root() -> None:
     """Network namespaces need root and iproute2; under CI=true their absence fails the run."""
-    import pytest
-
     missing = [tool for tool in ("ip", "nsenter") if shutil.which(tool) is None]
     if os.geteuid() != 0:
         missing.append("root")
     if missing:
-        message = f"the control plane needs {', '.join(missing)}"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
+        unavailable(f"the control plane needs {', '.join(missing)}")
 
 
 @contextlib.contextmanager

@@ -21,9 +21,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import quote
 
-import pytest
-
 from tests.server_process import free_port, stop_process
+from tests.support import unavailable
 
 ARCH = {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), platform.machine())
 TOOLS = ("containerd", "ctr", "dockerd", "docker-registry", "skopeo", "umoci", "htpasswd")
@@ -35,10 +34,7 @@ def require(*tools: str) -> None:
     if os.geteuid() != 0:
         missing.append("root")
     if missing:
-        message = f"needs {', '.join(missing)} (Debian packages; .ci/run installs them)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI must run the real-daemon tests: {message}")
-        pytest.skip(message)
+        unavailable(f"the real-daemon tests need {', '.join(missing)} (Debian packages; .ci/run installs them)")
 
 
 def _wait(check: object, what: str, process: subprocess.Popen[bytes], log: Path, timeout: float = 30) -> None:

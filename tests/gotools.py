@@ -141,17 +141,14 @@ def build(tool: Tool) -> Path:
 
 def binary(name: str) -> Path:
     """The cached binary, or a skip that names the make target (under CI=true, a failure)."""
-    import pytest
+    from tests.support import unavailable
 
     version = go_version()
     if version is not None:
         path = cached_path(TOOLS[name], version)
         if path.exists():
             return path
-    message = f"{name} is not built: run `{MAKE_TARGET}` (needs Go and the Go module proxy)"
-    if os.environ.get("CI") == "true":
-        pytest.fail(message)
-    pytest.skip(message)
+    unavailable(f"{name} is not built: run `{MAKE_TARGET}` (needs Go and the Go module proxy)")
 
 
 def main(argv: list[str] | None = None) -> int:

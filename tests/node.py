@@ -35,6 +35,7 @@ from tests.controlplane import API_PORT, NS_ADDRESS, ControlPlane, Process, clie
 from tests.daemons import ARCH
 from tests.gotools import KUBERNETES_VERSION
 from tests.server_process import stop_process
+from tests.support import unavailable
 
 NODE_NAME = "cw-node"
 POD_CIDR = "10.224.0.0/24"  # the CNI bridge's pods
@@ -49,17 +50,12 @@ Obj = dict[str, Any]
 
 def require_node() -> None:
     """Skip without what the node needs; under CI=true its absence is a failure, never a skip."""
-    import pytest
-
     missing = [t for t in NODE_TOOLS if shutil.which(t) is None]
     missing += [str(CNI_BIN / p) for p in ("bridge", "host-local", "loopback") if not (CNI_BIN / p).exists()]
     if os.geteuid() != 0:
         missing.append("root")
     if missing:
-        message = f"the node needs {', '.join(missing)} (Debian packages and Go; .ci/run installs them)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
+        unavailable(f"the node needs {', '.join(missing)} (Debian packages and Go; .ci/run installs them)")
 
 
 def cgroup_v1() -> bool:
