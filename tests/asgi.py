@@ -7,7 +7,7 @@ from typing import Any
 
 import httpx
 
-from webhook.server import WebhookApp
+from webhook.web.server import WebhookApp
 
 
 def call(app: WebhookApp, method: str, path: str, body: bytes = b"", **headers: str) -> httpx.Response:

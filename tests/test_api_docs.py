@@ -16,7 +16,7 @@ from tests.daemons import require
 from tests.server_process import Server, running_server
 from tests.support import PODS
 from webhook.config import build_settings
-from webhook.server import WebhookApp
+from webhook.web.server import WebhookApp
 
 APP = WebhookApp(build_settings({}))
 POD_YAML = (PODS / "flyte-1.15-bare.yaml").read_bytes()

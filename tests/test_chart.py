@@ -19,7 +19,7 @@ import yaml
 
 from tests import values_table
 from webhook.config import Settings, build_settings, dump_settings
-from webhook.metrics import Metrics
+from webhook.web.metrics import Metrics
 
 CHART = Path(__file__).parent.parent / "deploy" / "helm" / "copilot-webhook"
 K8S_VERSIONS = ("1.29.0", "1.30.0", "1.33.0", "1.37.0")

@@ -27,7 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.server_process import free_port, stop_process
 from tests.test_chart import VARIANTS, render
-from webhook.metrics import CONTENT_TYPE, Metrics
+from webhook.web.metrics import CONTENT_TYPE, Metrics
 
 SCRAPES = 3  # rate() needs two samples; a third makes every window hold an increase
 

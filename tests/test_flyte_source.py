@@ -25,7 +25,7 @@ from webhook.config import build_settings
 from webhook.mutation.copilot import is_ptrace
 from webhook.mutation.facts import Facts, RequestFacts
 from webhook.mutation.plan import plan
-from webhook.server import WebhookApp
+from webhook.web.server import WebhookApp
 
 CASES = flyte_source.cases()
 GENERATED = flyte_source.generated()

@@ -25,10 +25,10 @@ from hypothesis import strategies as st
 from tests.asgi import call
 from tests.server_process import client_context, free_port, running_server
 from tests.support import pod
-from webhook.api import PATHS as API_PATHS
 from webhook.config import build_settings
-from webhook.preview import _yaml
-from webhook.server import ROUTES, WebhookApp
+from webhook.preview.render import _yaml
+from webhook.web.api import PATHS as API_PATHS
+from webhook.web.server import ROUTES, WebhookApp
 
 PATHS = ["/mutate", "/mutate/ptrace", "/mutate/image-puller", "/preview"]
 CONTENT_TYPES = ["application/json", "application/yaml", "text/yaml", "text/plain", ""]

@@ -24,8 +24,8 @@ from tests.asgi import call, post_json
 from tests.server_process import Server, client_context, free_port, running_server
 from tests.support import GOLDEN, eventually, load_yaml, pod, review
 from webhook.config import build_settings
-from webhook.preview import PreviewQuery, preview
-from webhook.server import WebhookApp
+from webhook.preview.render import PreviewQuery, preview
+from webhook.web.server import WebhookApp
 
 JSON = {"content-type": "application/json"}
 

@@ -11,7 +11,7 @@ import yaml
 from tests.asgi import call
 from tests.support import PODS, apply, review, validate
 from webhook.config import build_settings
-from webhook.server import WebhookApp
+from webhook.web.server import WebhookApp
 
 APP = WebhookApp(build_settings({}))
 POD_YAML = (PODS / "flyte-1.15-bare.yaml").read_bytes()

@@ -18,7 +18,7 @@ from tests.support import PODS, eventually
 from webhook.cluster.nodes import project_node
 from webhook.config import build_settings
 from webhook.mutation.facts import ClusterFacts, node_snapshot
-from webhook.preview import PreviewQuery, preview
+from webhook.preview.render import PreviewQuery, preview
 
 NODES = "/api/v1/nodes"
 POD = yaml.safe_load((PODS / "flyte-1.15-bare.yaml").read_bytes())

@@ -8,9 +8,9 @@ from pathlib import Path
 
 from certs.authority import generate_files
 from webhook.config import build_settings
-from webhook.serve import Reloader
-from webhook.server import WebhookApp
-from webhook.tls import ReloadingTLS, TLSFiles
+from webhook.web.serve import Reloader
+from webhook.web.server import WebhookApp
+from webhook.web.tls import ReloadingTLS, TLSFiles
 
 
 def _kubelet_volume(root: Path, files: dict[str, bytes], generation: int) -> None:

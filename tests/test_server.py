@@ -11,7 +11,7 @@ from tests.asgi import call, post_json
 from tests.support import apply, decoded_patch, pod, review, validate
 from webhook.config import build_settings
 from webhook.mutation.facts import ClusterFacts, cluster_facts
-from webhook.server import WebhookApp
+from webhook.web.server import WebhookApp
 
 
 def _app(**settings: Any) -> WebhookApp:

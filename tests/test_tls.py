@@ -5,7 +5,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from certs.authority import generate_ca, issue_serving, write_files
-from webhook.tls import ReloadingTLS, TLSFiles
+from webhook.web.tls import ReloadingTLS, TLSFiles
 
 
 def _files(tmp_path: Path, days: int = 30, now: datetime | None = None) -> TLSFiles:

@@ -16,7 +16,7 @@ import yaml
 
 from webhook.config import FLAVOURS, Settings, dump_settings, load_settings
 from webhook.errors import ConfigError, RequestError
-from webhook.preview import Output, PreviewQuery, preview
+from webhook.preview.render import Output, PreviewQuery, preview
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 EXIT_CHANGES = 3  # audit: some running pods would change (kubectl diff's convention, moved off 1)
@@ -320,7 +320,7 @@ def _config_show(_args: argparse.Namespace, settings: Settings) -> int:
 
 def _serve(args: argparse.Namespace, settings: Settings) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from webhook.serve import ManagedTLS, serve
+    from webhook.web.serve import ManagedTLS, serve
 
     managed = None
     if args.certs_secret and not args.webhook_config:

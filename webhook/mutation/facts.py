@@ -143,7 +143,7 @@ class Facts(NamedTuple):
 class ExportedFacts(NamedTuple):
     """The cluster facts as plain, picklable data, for a preview worker process: the namespaces' labels
     (None without cluster access) and the node snapshot's runtime groups; the worker asks for the nodes
-    and label-index entries a pod needs (previewer.py), rather than holding a copy of every node."""
+    and label-index entries a pod needs (webhook/preview/workers.py), rather than holding a copy of every node."""
 
     namespaces: dict[str, dict[str, str]] | None
     node_state: NodeState

@@ -31,7 +31,7 @@ from typing import Any, NamedTuple
 from webhook.config import Settings
 from webhook.errors import PreviewFailed, RequestError
 from webhook.mutation.facts import NO_CLUSTER, NO_FACTS, ClusterFacts, ExportedFacts, NodeFacts, NodeSnapshot
-from webhook.preview import PreviewQuery
+from webhook.preview.render import PreviewQuery
 from webhook.review import NamespaceFacts
 
 log = logging.getLogger(__name__)
@@ -223,7 +223,7 @@ def _lookup(facts: ExportedFacts, conn: Connection) -> NamespaceFacts:
 def _serve(conn: Connection) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C reaches the server, which stops us
     os.nice(10)  # where cores are short, admission reviews come first
-    from webhook import preview  # imported here: the spawned interpreter starts empty
+    from webhook.preview import render  # imported here: the spawned interpreter starts empty
 
     while True:
         try:
@@ -231,7 +231,7 @@ def _serve(conn: Connection) -> None:
         except (EOFError, OSError):
             return  # the server is gone
         try:
-            content, content_type = preview.preview(
+            content, content_type = render.preview(
                 job.body, job.content_type, job.query, job.settings, _lookup(job.facts, conn)
             )
             conn.send((200, content, content_type))

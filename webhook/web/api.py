@@ -23,7 +23,7 @@ from starlette.exceptions import HTTPException
 
 from webhook import __version__
 from webhook.errors import RequestError
-from webhook.preview import PreviewQuery, query_error
+from webhook.preview.render import PreviewQuery, query_error
 
 PATHS = ("/preview", "/openapi.json", "/docs", "/docs/oauth2-redirect")
 STATIC = "/static-offline-docs/"

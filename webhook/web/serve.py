@@ -29,13 +29,13 @@ from webhook.cluster.certificates import CertificateManager, own_namespace
 from webhook.cluster.errors import ClusterAccessError
 from webhook.cluster.keeper import AdmissionKeeper
 from webhook.config import ServerSettings, Settings, load_settings
-from webhook.connections import Limits, protocol_class
 from webhook.errors import ConfigError
-from webhook.metrics import Metrics
-from webhook.previewer import no_cluster_export
+from webhook.preview.workers import no_cluster_export
 from webhook.review import no_cluster
-from webhook.server import MetricsApp, WebhookApp
-from webhook.tls import ReloadingTLS, TLSFiles, file_stamp
+from webhook.web.connections import Limits, protocol_class
+from webhook.web.metrics import Metrics
+from webhook.web.server import MetricsApp, WebhookApp
+from webhook.web.tls import ReloadingTLS, TLSFiles, file_stamp
 
 log = logging.getLogger(__name__)
 

@@ -19,16 +19,11 @@ from typing import Any
 import orjson
 from fastapi import FastAPI, Request
 
-from webhook.api import PATHS as API_PATHS
-from webhook.api import STATIC
-from webhook.api import build as build_api
 from webhook.config import Settings
 from webhook.errors import ClientGone, PreviewFailed, RequestError
-from webhook.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from webhook.metrics import Metrics
 from webhook.mutation.plan import KINDS, PTRACE, PULLER
-from webhook.preview import PreviewQuery
-from webhook.previewer import FactsExport, Previewer, no_cluster_export
+from webhook.preview.render import PreviewQuery
+from webhook.preview.workers import FactsExport, Previewer, no_cluster_export
 from webhook.review import (
     NamespaceFacts,
     decide,
@@ -38,6 +33,11 @@ from webhook.review import (
     read_review,
     response,
 )
+from webhook.web.api import PATHS as API_PATHS
+from webhook.web.api import STATIC
+from webhook.web.api import build as build_api
+from webhook.web.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from webhook.web.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -334,7 +334,7 @@ class WebhookApp:
             self.metrics.previews_in_flight.dec()
 
     async def _run_preview(self, request: Request, body: bytes, query: PreviewQuery) -> tuple[bytes, str]:
-        """The preview itself, in a worker process (previewer.py): admission reviews are answered meanwhile."""
+        """The preview itself, in a worker process (preview/workers.py): admission reviews are answered meanwhile."""
         worker, kind, settings = request.scope[WORKER_KEY]
         work = functools.partial(self.previewer.run, worker, body, kind, query, settings)
         try:
