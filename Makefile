@@ -33,7 +33,7 @@ lint: $(BIN)/copilot-webhook
 	$(BIN)/radon cc -j webhook certs | $(BIN)/python -c 'import json, sys; over = ["%s:%s %s: complexity %s, over 12" % (p, b["lineno"], b["name"], b["complexity"]) for p, bs in json.load(sys.stdin).items() for b in bs if b["complexity"] > 12]; print(*over, sep="\n"); sys.exit(bool(over))'
 
 typecheck: $(BIN)/copilot-webhook
-	$(BIN)/mypy webhook certs tests bench
+	$(BIN)/mypy webhook certs tests bench scripts
 
 imports: $(BIN)/copilot-webhook
 	$(BIN)/lint-imports
@@ -72,7 +72,7 @@ go-tools: $(BIN)/copilot-webhook
 # REFRESH_GOLDEN=1 .venv/bin/python -m pytest tests/test_golden.py rewrites the webhook's answers.
 .PHONY: flyte-pods
 flyte-pods: $(BIN)/copilot-webhook
-	$(BIN)/python -m tests.flyte_source
+	$(BIN)/python -m scripts.flyte_source
 
 clean:
 	rm -rf $(VENV) $(CERTS) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -1,5 +1,5 @@
 """The configuration reference in docs/configuration.md, generated from the settings model (webhook/config.py),
-so the table and the code cannot disagree. `python -m tests.config_reference` rewrites it; a test checks it
+so the table and the code cannot disagree. `python -m scripts.config_reference` rewrites it; a test checks it
 is current."""
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Generated: for each release in GENERATED, a Go module under tests/flyte/<release>/ builds the pods with
 Flyte's own code (flytepropeller's k8s plugin manager running flyteplugins' pod plugin over Flyte's own
-mocks) and prints them; `make flyte-pods` (`python -m tests.flyte_source`) rewrites the committed copies
+mocks) and prints them; `make flyte-pods` (`python -m scripts.flyte_source`) rewrites the committed copies
 in tests/flyte/pods/<release>/<cell>.yaml and the golden contexts that feed them to the webhook, and a test
 fails when a committed pod differs from what the generator prints.
 
@@ -31,7 +31,7 @@ from typing import Any
 
 import yaml
 
-GOLDEN = Path(__file__).parent / "golden"
+GOLDEN = Path(__file__).parent.parent / "tests" / "golden"
 COPILOT = "flyteplugins/go/tasks/pluginmachinery/flytek8s/copilot.go"
 PLUGIN = "flyteplugins/go/tasks/plugins/k8s/pod/plugin.go"
 HELPER = "flyteplugins/go/tasks/pluginmachinery/flytek8s/pod_helper.go"
@@ -328,14 +328,14 @@ def render(pod: dict[str, Any], header: str) -> str:
             current = "#"
         current += " " + word
     lines.append(current)
-    lines.append("# Hand-derived by tests/flyte_source.py from the Go code cited, because Flyte's Go module for")
+    lines.append("# Hand-derived by scripts/flyte_source.py from the Go code cited, because Flyte's Go module for")
     lines.append("# this release does not resolve from the Go module proxy; do not edit by hand.")
     return "\n".join(lines) + "\n" + yaml.safe_dump(pod, sort_keys=False, width=200)
 
 
 # Generated pods ---------------------------------------------------------------------------------------
 
-FLYTE = Path(__file__).parent / "flyte"
+FLYTE = Path(__file__).parent.parent / "tests" / "flyte"
 PODS = FLYTE / "pods"
 # release line -> the tests/gotools.py tool that prints its pods (built from tests/flyte/v<release>/).
 GENERATED = {"1.16": "flyte-pods-1.16"}

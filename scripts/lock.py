@@ -1,6 +1,6 @@
 """requirements/images.lock: the exact version of every package the images install (the webhook's
 dependencies and the puller's grpcio), resolved once by pip and pinned, so an image built next month
-holds what was tested. `python -m tests.lock` resolves it again (it needs the package index); a test
+holds what was tested. `python -m scripts.lock` resolves it again (it needs the package index); a test
 checks that it still covers every dependency pyproject.toml declares."""
 
 from __future__ import annotations
@@ -33,5 +33,5 @@ def resolve() -> list[tuple[str, str]]:
 
 
 if __name__ == "__main__":
-    header = "# The images' packages, pinned (python -m tests.lock resolves them again). Used as pip constraints.\n"
+    header = "# The images' packages, pinned (python -m scripts.lock resolves them again). Used as pip constraints.\n"
     LOCK.write_text(header + "".join(f"{name}=={version}\n" for name, version in resolve()))

@@ -1,5 +1,5 @@
 """The chart values table in docs/operations.md, generated from values.yaml and its `# --` comments, so the
-two cannot disagree. `python -m tests.values_table` rewrites the table; a test checks it is current."""
+two cannot disagree. `python -m scripts.values_table` rewrites the table; a test checks it is current."""
 
 from __future__ import annotations
 

@@ -74,7 +74,7 @@ TOOLS: dict[str, Tool] = {
         # The node's agent (tests/node.py): v1.35 is the last minor that runs on containerd 1.x.
         Tool("kubelet", "tests/kube/apiserver", "k8s.io/kubernetes/cmd/kubelet", _kube_ldflags(KUBERNETES_VERSION)),
         Tool("etcd", "tests/kube/etcd", "go.etcd.io/etcd/server/v3"),
-        # Flyte's pod generators, one module per release line whose Flyte modules resolve (tests/flyte_source.py).
+        # Flyte's pod generators, one module per release line whose Flyte modules resolve (scripts/flyte_source.py).
         Tool("flyte-pods-1.16", "tests/flyte/v1.16", "."),
     )
 }

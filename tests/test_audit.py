@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests import flyte_source
+from scripts import flyte_source
 from tests.fake_apiserver import FakeAPIServer, namespace
 from tests.support import pod
 

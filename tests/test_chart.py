@@ -17,7 +17,7 @@ import orjson
 import pytest
 import yaml
 
-from tests import values_table
+from scripts import values_table
 from webhook.config import Settings, build_settings, dump_settings
 from webhook.web.metrics import Metrics
 
@@ -339,7 +339,7 @@ def test_lint_has_no_errors(variant: str) -> None:
 
 
 def test_the_values_table_is_generated_from_values_yaml() -> None:
-    assert values_table.current() == values_table.table(), "run: python -m tests.values_table"
+    assert values_table.current() == values_table.table(), "run: python -m scripts.values_table"
 
 
 def test_a_single_replica_gets_no_disruption_budget_and_two_get_one_that_lets_unhealthy_pods_go() -> None:
@@ -645,6 +645,6 @@ def test_the_chart_and_the_server_have_one_set_of_defaults() -> None:
 
 
 def test_the_configuration_reference_is_generated_from_the_settings_model() -> None:
-    from tests import config_reference
+    from scripts import config_reference
 
-    assert config_reference.current() == config_reference.table(), "run: python -m tests.config_reference"
+    assert config_reference.current() == config_reference.table(), "run: python -m scripts.config_reference"

@@ -1,4 +1,4 @@
-"""Flyte's pods (tests/flyte_source.py): printed by Flyte's own Go code where its module resolves, derived by
+"""Flyte's pods (scripts/flyte_source.py): printed by Flyte's own Go code where its module resolves, derived by
 hand from its source where it does not, release line by line, through every way a user reaches the
 webhook: /mutate, /mutate/ptrace and `copilot-webhook preview`. What Flyte itself granted (SYS_PTRACE, a
 shared process namespace, a legacy watcher or a native sidecar) is read from each generated pod."""
@@ -17,7 +17,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests import flyte_source
+from scripts import flyte_source
 from tests.asgi import post_json
 from tests.gotools import binary
 from tests.support import GOLDEN, apply, decoded_patch, review, validate

@@ -1,5 +1,5 @@
 """requirements/images.lock pins every package the images install; it must still satisfy what
-pyproject.toml declares (after a dependency changes there, `python -m tests.lock` resolves it again)."""
+pyproject.toml declares (after a dependency changes there, `python -m scripts.lock` resolves it again)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 from packaging.requirements import Requirement
 
-from tests.lock import LOCK, PULLER
+from scripts.lock import LOCK, PULLER
 
 ROOT = Path(__file__).parent.parent
 
@@ -24,7 +24,7 @@ def test_the_lock_pins_every_declared_runtime_dependency_within_its_range() -> N
     for declared in [*project["dependencies"], PULLER, *project["optional-dependencies"]["puller"]]:
         requirement = Requirement(declared)
         name = _norm(requirement.name)
-        assert name in locked, f"{declared} is not pinned in {LOCK.name}: run python -m tests.lock"
+        assert name in locked, f"{declared} is not pinned in {LOCK.name}: run python -m scripts.lock"
         assert requirement.specifier.contains(locked[name]), f"{LOCK.name} pins {name}=={locked[name]}, not {declared}"
 
 

@@ -14,7 +14,7 @@ import pytest
 from celpy.adapter import json_to_cel
 from celpy.evaluation import CELEvalError
 
-from tests import flyte_source
+from scripts import flyte_source
 from tests.support import GOLDEN, PODS, apply, load_yaml
 from tests.test_chart import render
 from webhook.config import build_settings

@@ -1,0 +1,3 @@
+"""Generators of committed files: the chart's values table (values_table), the configuration reference
+(config_reference), Flyte's pods (flyte_source) and the images' lock (lock). Each runs as
+`python -m scripts.<name>` from the repository's root; a test fails when what it wrote is stale."""
