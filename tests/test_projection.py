@@ -7,6 +7,7 @@ Table lists and watches equals the one fed by full objects; an incremental snaps
 from __future__ import annotations
 
 import json
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +19,10 @@ from tests.fake_apiserver import NODE_COLUMNS, FakeAPIServer, node, node_row
 from tests.support import GOLDEN, eventually, load_yaml
 from tests.test_golden import _case, _run
 from webhook.cluster.access import api_client
-from webhook.cluster.nodes import NodeCache, SharedStrings, node_from_row, project_node
+from webhook.cluster.nodes import NodeCache, node_from_row, project_node
 from webhook.config import ClusterSettings
 from webhook.mutation.facts import NodeFacts, NodeSnapshot, node_snapshot
+from webhook.mutation.nodeindex import LabelShapes, NodeLabels
 
 NODES = "/api/v1/nodes"
 COLUMNS: list[str] = [str(c["name"]) for c in NODE_COLUMNS]
@@ -66,7 +68,7 @@ def test_golden_sets_exist() -> None:
 @pytest.mark.parametrize("case", sorted(GOLDEN_SETS))
 def test_full_objects_and_table_rows_give_the_same_facts_and_decisions(case: str) -> None:
     full = [_full(spec) for spec in GOLDEN_SETS[case]]
-    shared = SharedStrings()
+    shared = LabelShapes()
     old = {o["metadata"]["name"]: project_node(o) for o in full}
     new = {o["metadata"]["name"]: project_node(_via_table(o), shared) for o in full}
     assert old == new
@@ -108,25 +110,43 @@ def test_a_row_without_the_runtime_column_is_unreadable() -> None:
     assert node_from_row({"cells": row["cells"]}, COLUMNS) is None
 
 
-def test_repeated_label_values_are_one_object_and_hostnames_stay_out_of_the_pool() -> None:
-    shared = SharedStrings()
-    a = project_node(_via_table(node("a", labels={"zone": "eu-west-1a"})), shared)
-    b = project_node(_via_table(node("b", labels={"zone": "eu-west-1a"})), shared)
-    assert a.labels["zone"] is b.labels["zone"]
-    assert "a" not in shared.values
+def test_nodes_alike_share_their_labels_and_the_hostname_stays_their_own() -> None:
+    shapes = LabelShapes()
+    a = project_node(_via_table(node("a", labels={"zone": "eu-west-1a"})), shapes)
+    b = project_node(_via_table(node("b", labels={"zone": "eu-west-1a"})), shapes)
+    c = project_node(_via_table(node("c", labels={"zone": "eu-west-1b"})), shapes)
+    assert isinstance(a.labels, NodeLabels)
+    assert isinstance(b.labels, NodeLabels)
+    assert isinstance(c.labels, NodeLabels)
+    assert a.labels.shared_values is b.labels.shared_values  # one tuple for both: only the hostname differs
+    assert a.labels.shared_values is not c.labels.shared_values
     assert a.labels["kubernetes.io/hostname"] == "a"
-    shared.values.update({f"gone-{i}": f"gone-{i}" for i in range(2000)})
-    shared.trim({"a": a, "b": b})
-    assert set(shared.values) == {v for f in (a, b) for v in f.labels.values()}
+    assert b.labels["kubernetes.io/hostname"] == "b"
+    assert sorted(a.labels.values()) == ["a", "eu-west-1a", "linux"]
+    assert dict(a.labels) == {"kubernetes.io/hostname": "a", "kubernetes.io/os": "linux", "zone": "eu-west-1a"}
+    assert a.labels == dict(a.labels)
+    assert a.labels != dict(b.labels)
+    assert a.labels != {**a.labels, "x": "y"}
+    assert pickle.loads(pickle.dumps(a)) == a  # as a preview worker receives it
+
+
+def test_shapes_start_over_once_mostly_unused() -> None:
+    shapes = LabelShapes()
+    for i in range(3000):
+        shapes(f"n{i}", {"id": f"v{i}"})
+    shapes.trim(live=10)
+    again = shapes("n0", {"id": "v0"})
+    assert again == {"id": "v0"}
+    assert len(shapes._values) == 1
 
 
 def test_unchanged_nodes_keep_their_objects() -> None:
     obj = node("a", labels={"zone": "z"})
     held = {"a": project_node(obj)}
-    again = project_node(_via_table(obj), SharedStrings(), held)
+    again = project_node(_via_table(obj), LabelShapes(), held)
     assert again is held["a"]
     relabelled = node("a", labels={"zone": "y"})
-    assert project_node(_via_table(relabelled), SharedStrings(), held).labels["zone"] == "y"
+    assert project_node(_via_table(relabelled), LabelShapes(), held).labels["zone"] == "y"
 
 
 # --- the cache end to end: Table lists and watches against full objects ------------------------------------
@@ -191,7 +211,10 @@ def test_a_relist_that_finds_nothing_new_publishes_nothing(api: FakeAPIServer, t
 
 # --- the incremental snapshot --------------------------------------------------------------------------------
 
-LABELS = st.dictionaries(st.sampled_from(["zone", "pool", "arch"]), st.sampled_from(["a", "b", "c"]), max_size=3)
+# Values include node names: a label equal to its own node's name (a hostname) is answered from the node.
+LABELS = st.dictionaries(
+    st.sampled_from(["zone", "pool", "kubernetes.io/hostname"]), st.sampled_from(["a", "b", "n1", "n2"]), max_size=3
+)
 FACTS = st.builds(
     NodeFacts,
     st.sampled_from([None, "containerd", "docker"]),
@@ -210,15 +233,35 @@ NAMES = st.sampled_from([f"n{i}" for i in range(12)])
 def test_an_incremental_snapshot_equals_a_full_build(
     start: dict[str, NodeFacts], steps: list[tuple[str, NodeFacts | None]]
 ) -> None:
-    nodes = dict(start)
+    shapes = LabelShapes()
+
+    def compact(name: str, facts: NodeFacts) -> NodeFacts:  # as the cache holds them, every other node
+        return facts._replace(labels=shapes(name, facts.labels)) if int(name[1:]) % 2 else facts
+
+    nodes = {name: compact(name, facts) for name, facts in start.items()}
     snapshot = node_snapshot(nodes)
+    kept = [snapshot]
     for name, facts in steps:
         if facts is None:
             nodes.pop(name, None)
         else:
-            nodes[name] = facts
+            nodes[name] = compact(name, facts)
         snapshot = node_snapshot(dict(nodes), snapshot, frozenset((name,)))
+        kept.append(snapshot)
         full = node_snapshot(dict(nodes))
         assert dict(snapshot.nodes) == dict(full.nodes)
         assert dict(snapshot.groups) == dict(full.groups)
-        assert _index(snapshot) == _index(full)
+        assert _index(snapshot) == _index(full) == _brute_index(nodes)
+        for pair in _brute_index(nodes):
+            assert all(n in snapshot.by_label[pair] for n in _brute_index(nodes)[pair])
+        assert ("zone", "nowhere") not in snapshot.by_label
+        assert "n0" not in snapshot.by_label.get(("zone", "x"), ())
+    assert _index(kept[0]) == _brute_index({n: compact(n, f) for n, f in start.items()})  # older ones unchanged
+
+
+def _brute_index(nodes: dict[str, NodeFacts]) -> dict[tuple[str, str], set[str]]:
+    index: dict[tuple[str, str], set[str]] = {}
+    for name, facts in nodes.items():
+        for pair in facts.labels.items():
+            index.setdefault(pair, set()).add(name)
+    return index

@@ -15,6 +15,7 @@ from typing import Any
 from webhook import objects
 from webhook.cluster.informer import Informer, ListCall
 from webhook.mutation.facts import NodeFacts, NodeSnapshot, node_snapshot
+from webhook.mutation.nodeindex import LabelShapes
 from webhook.mutation.runtime import CRI_SOCKET_ANNOTATION, node_facts
 
 NO_ANNOTATIONS: Mapping[str, str] = MappingProxyType({})
@@ -36,11 +37,11 @@ def _held_unchanged(
 
 
 def project_node(
-    obj: objects.Node, share: Callable[[str], str] = str, held: Mapping[str, NodeFacts] | None = None
+    obj: objects.Node, shapes: LabelShapes | None = None, held: Mapping[str, NodeFacts] | None = None
 ) -> NodeFacts:
-    """`share` returns one string object for equal label values (zones, pools, instance types repeat
-    across thousands of nodes). `held`: the facts already cached; a node whose facts are unchanged (a
-    status update, most of a relist) gets the very object held, without copying its labels again."""
+    """`shapes` makes the node's labels, sharing what nodes have in common (nodeindex.py). `held`: the
+    facts already cached; a node whose facts are unchanged (a status update, most of a relist) gets the
+    very object held, without making its labels again."""
     metadata = obj.get("metadata") or {}
     labels = metadata.get("labels") or {}
     annotations = metadata.get("annotations") or {}
@@ -57,22 +58,7 @@ def project_node(
     old = _held_unchanged(held, name, labels, version, kept)
     if old is not None:
         return old
-    return node_facts(version, {str(k): str(v) if v == name else share(str(v)) for k, v in labels.items()}, kept)
-
-
-class SharedStrings:
-    """One object per distinct label value (a hostname, equal to its node's name, is never put here).
-    When it holds much more than the cache uses, for nodes come and gone, it starts over."""
-
-    def __init__(self) -> None:
-        self.values: dict[str, str] = {}
-
-    def __call__(self, value: str) -> str:
-        return self.values.setdefault(value, value)
-
-    def trim(self, nodes: Mapping[str, NodeFacts]) -> None:
-        if len(self.values) > 1000 + 2 * len(nodes):
-            self.values = {v: v for facts in nodes.values() for v in facts.labels.values()}
+    return node_facts(version, (shapes or LabelShapes())(name if isinstance(name, str) else "", labels), kept)
 
 
 RUNTIME_COLUMN = "Container-Runtime"
@@ -93,21 +79,21 @@ def node_from_row(row: objects.TableRow, columns: list[str]) -> objects.Node | N
 class NodeCache:
     def __init__(self, list_call: ListCall, **informer_options: Any) -> None:
         informer_options.setdefault("table", node_from_row)
-        self.strings = SharedStrings()
+        self.shapes = LabelShapes()
         self.snapshot: NodeSnapshot = node_snapshot({})
         self.version = 0  # counts snapshots, so a preview worker is sent the table only when it changed
         self.listeners: list[Callable[[Mapping[str, NodeFacts]], None]] = []
         self.informer: Informer[NodeFacts] = Informer(
             "node",
             list_call,
-            lambda obj: project_node(obj, self.strings, self.informer.items),
+            lambda obj: project_node(obj, self.shapes, self.informer.items),
             self._changed,
             **informer_options,
         )
 
     def _changed(self, items: Mapping[str, NodeFacts], changed: frozenset[str] | None) -> None:
         self.snapshot = node_snapshot(items, self.snapshot, changed)
-        self.strings.trim(items)
+        self.shapes.trim(len(items))
         self.version += 1
         for listener in self.listeners:
             listener(items)

@@ -10,6 +10,8 @@ from collections.abc import Collection, Mapping
 from types import MappingProxyType
 from typing import Literal, NamedTuple
 
+from webhook.mutation.nodeindex import LabelIndex
+
 INJECT_LABEL = "copilot-webhook.io/inject"
 MODE_LABEL = "copilot-webhook.io/mode"
 PSA_ENFORCE_LABEL = "pod-security.kubernetes.io/enforce"
@@ -44,16 +46,11 @@ class NodeSnapshot(NamedTuple):
 
     nodes: Mapping[str, NodeFacts]
     groups: Mapping[tuple[str | None, str | None, str | None], int]
-    # (key, value) -> the names of the nodes carrying it, for node selectors: a frozenset, or a 1-tuple for a
-    # pair only one node has (its hostname: a third of the index's memory at 65,000 nodes as frozensets)
+    # (key, value) -> the names of the nodes carrying it, for node selectors (nodeindex.LabelIndex)
     by_label: Mapping[tuple[str, str], Collection[str]]
 
 
 Group = tuple[str | None, str | None, str | None]
-
-
-def _names(names: set[str]) -> Collection[str]:
-    return (next(iter(names)),) if len(names) == 1 else frozenset(names)
 
 
 def node_snapshot(
@@ -63,22 +60,25 @@ def node_snapshot(
     entries are redone (a label change on one node of 65,000 costs milliseconds, not a rebuild); the
     result is the same as a full build. A mapping that is already read-only is kept, not copied."""
     frozen_nodes = nodes if isinstance(nodes, MappingProxyType) else MappingProxyType(dict(nodes))
-    if previous is not None and changed is not None and len(changed) <= max(64, len(nodes) // 16):
-        return _updated(frozen_nodes, previous, changed)
+    index = previous.by_label if previous is not None else None
+    if (
+        previous is not None
+        and changed is not None
+        and isinstance(index, LabelIndex)
+        and not index.stale()
+        and len(changed) <= max(64, len(nodes) // 16)
+    ):
+        return _updated(frozen_nodes, previous, index, changed)
     groups: dict[Group, int] = {}
-    by_label: dict[tuple[str, str], set[str]] = {}
-    for name, facts in nodes.items():
+    for facts in nodes.values():
         groups[facts.group] = groups.get(facts.group, 0) + 1
-        for pair in facts.labels.items():
-            by_label.setdefault(pair, set()).add(name)
-    index = {pair: _names(names) for pair, names in by_label.items()}
-    return NodeSnapshot(frozen_nodes, MappingProxyType(groups), MappingProxyType(index))
+    return NodeSnapshot(frozen_nodes, MappingProxyType(groups), LabelIndex.build(frozen_nodes))
 
 
-def _updated(nodes: Mapping[str, NodeFacts], previous: NodeSnapshot, changed: Collection[str]) -> NodeSnapshot:
+def _updated(
+    nodes: Mapping[str, NodeFacts], previous: NodeSnapshot, index: LabelIndex, changed: Collection[str]
+) -> NodeSnapshot:
     groups = dict(previous.groups)
-    index = dict(previous.by_label)
-    touched: dict[tuple[str, str], set[str]] = {}
     for name in changed:
         for facts, step in ((previous.nodes.get(name), -1), (nodes.get(name), 1)):
             if facts is None:
@@ -86,20 +86,7 @@ def _updated(nodes: Mapping[str, NodeFacts], previous: NodeSnapshot, changed: Co
             groups[facts.group] = groups.get(facts.group, 0) + step
             if not groups[facts.group]:
                 del groups[facts.group]
-            for pair in facts.labels.items():
-                names = touched.get(pair)
-                if names is None:
-                    names = touched[pair] = set(index.get(pair, ()))
-                if step > 0:
-                    names.add(name)
-                else:
-                    names.discard(name)
-    for pair, names in touched.items():
-        if names:
-            index[pair] = _names(names)
-        else:
-            index.pop(pair, None)
-    return NodeSnapshot(nodes, MappingProxyType(groups), MappingProxyType(index))
+    return NodeSnapshot(nodes, MappingProxyType(groups), index.updated(nodes, previous.nodes, changed))
 
 
 class ClusterFacts(NamedTuple):
