@@ -43,7 +43,7 @@ def test_symlink_swapped_config_and_certificates_are_reloaded(tmp_path: Path) ->
 
     tls = ReloadingTLS(TLSFiles(str(secret / "tls.crt"), str(secret / "tls.key")))
     app = WebhookApp(build_settings({}))
-    reloader = Reloader(app, tls, str(config / "config.yaml"), {})
+    reloader = Reloader(app, tls, str(config / "config.yaml"), overrides={})
     first_expiry = tls.expires
 
     _kubelet_volume(config, {"config.yaml": b"ptrace:\n  mode: drop\n"}, 2)

@@ -336,7 +336,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
         if check is None:
             print("copilot-webhook: --self-check-address must be HOST:PORT or [IPv6]:PORT", file=sys.stderr)
             return EXIT_USAGE
-    return serve(settings, getattr(args, "config", None), _serve_overrides(args), managed, check)
+    return serve(settings, getattr(args, "config", None), _serve_overrides(args), managed=managed, check_address=check)
 
 
 COMMANDS: dict[str, Callable[[argparse.Namespace, Settings], int]] = {

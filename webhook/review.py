@@ -55,12 +55,10 @@ class AdmissionRequest(TypedDict, total=False):
 
     uid: Required[str]
     kind: Any  # {group, version, kind}: a Pod CREATE is all we act on
-    resource: Any
     subResource: Any
     operation: Any
     namespace: Any
     object: Any
-    dryRun: Any
 
 
 @dataclass(slots=True)
@@ -104,6 +102,7 @@ def request_facts(
     request: AdmissionRequest,
     pod: dict[str, Any],
     namespaces: NamespaceFacts,
+    *,
     runtime: str | None = None,
     node: str | None = None,
 ) -> Facts:
@@ -112,13 +111,14 @@ def request_facts(
         metadata = pod.get("metadata")
         namespace = metadata.get("namespace") if type(metadata) is dict else None
         namespace = namespace if type(namespace) is str else ""
-    return Facts(RequestFacts(namespace, request.get("dryRun") is True, runtime, node), namespaces(namespace))
+    return Facts(RequestFacts(namespace, runtime=runtime, node=node), namespaces(namespace))
 
 
 def decide(
     request: AdmissionRequest,
     settings: Settings,
     namespaces: NamespaceFacts = no_cluster,
+    *,
     kinds: Collection[str] = KINDS,
     runtime: str | None = None,
     node: str | None = None,
@@ -129,11 +129,11 @@ def decide(
     pod = request.get("object")
     if type(pod) is not dict:
         raise RequestError(400, f"AdmissionReview.request.object must be a Pod object, got {type_name(pod)}")
-    facts = request_facts(request, pod, namespaces, runtime, node)
-    return plan_or_undecided(pod, facts, settings, kinds, "AdmissionReview.request.object")
+    facts = request_facts(request, pod, namespaces, runtime=runtime, node=node)
+    return plan_or_undecided(pod, facts, settings, kinds=kinds, where="AdmissionReview.request.object")
 
 
-def plan_or_undecided(pod: Any, facts: Facts, settings: Settings, kinds: Collection[str], where: str) -> Plan:
+def plan_or_undecided(pod: Any, facts: Facts, settings: Settings, *, kinds: Collection[str], where: str) -> Plan:
     """The plan; a pod we cannot read is a bad request naming `where`; a bug is logged with its traceback and
     answered as undecided, so failurePolicy decides and no HTTP error ever answers a well-formed request."""
     try:
@@ -156,7 +156,7 @@ class Decision(NamedTuple):
     audit: dict[str, str]
 
 
-NOTHING_TO_DO = Decision(True, [], [], None, {})
+NOTHING_TO_DO = Decision(allowed=True, patch=[], warnings=[], denial=None, audit={})
 
 
 def decision(decided: Plan | None, settings: Settings) -> Decision:
@@ -194,17 +194,17 @@ def response(uid: str, decided: Plan | None, settings: Settings) -> AdmissionRes
     return admission_response(uid, decision(decided, settings))
 
 
-def admission_response(uid: str, decided: Decision) -> AdmissionResponse:
-    answer: AdmissionResponse = {"uid": uid, "allowed": decided.allowed}
-    if decided.denial is not None:
-        answer["status"] = {"code": 403, "message": decided.denial}
-    if decided.patch:
+def admission_response(uid: str, verdict: Decision) -> AdmissionResponse:
+    answer: AdmissionResponse = {"uid": uid, "allowed": verdict.allowed}
+    if verdict.denial is not None:
+        answer["status"] = {"code": 403, "message": verdict.denial}
+    if verdict.patch:
         answer["patchType"] = "JSONPatch"
-        answer["patch"] = base64.b64encode(orjson.dumps(decided.patch)).decode("ascii")
-    if decided.audit:
-        answer["auditAnnotations"] = decided.audit
-    if decided.warnings:
-        answer["warnings"] = decided.warnings
+        answer["patch"] = base64.b64encode(orjson.dumps(verdict.patch)).decode("ascii")
+    if verdict.audit:
+        answer["auditAnnotations"] = verdict.audit
+    if verdict.warnings:
+        answer["warnings"] = verdict.warnings
     return answer
 
 

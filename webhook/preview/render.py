@@ -235,7 +235,7 @@ def preview_one(
         )
     namespace = _namespace(obj, query)
     facts = Facts(RequestFacts(namespace, True, query.runtime, query.node), namespaces(namespace))
-    decided = plan_or_undecided(pod, facts, settings, KINDS, where)
+    decided = plan_or_undecided(pod, facts, settings, kinds=KINDS, where=where)
     return _entry(kind, obj, decided, prefix, settings, query)
 
 

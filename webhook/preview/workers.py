@@ -135,7 +135,7 @@ class Previewer:
             self._free.append(worker)
 
     def run(
-        self, worker: Worker, body: bytes, content_type: str, query: PreviewQuery, settings: Settings
+        self, worker: Worker, body: bytes, content_type: str, *, query: PreviewQuery, settings: Settings
     ) -> tuple[bytes, str]:
         facts, snapshot = self._export()
         job = _Job(body, content_type, query, settings, facts)

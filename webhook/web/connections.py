@@ -57,6 +57,7 @@ class Limits:
         max_connections: int,
         idle_timeout: float,
         on_refused: Callable[[], None] = lambda: None,
+        *,
         name: str = "server.maxConnections",
         deadline: float = 2.0,
     ) -> None:

@@ -57,6 +57,7 @@ class ReloadingServer(uvicorn.Server):
         config: uvicorn.Config,
         reload: Callable[[], None],
         limits: Limits,
+        *,
         drain_seconds: float,
         metrics: uvicorn.Server | None = None,
     ) -> None:
@@ -117,7 +118,7 @@ class Reloader:
     """Checks the certificate and configuration files and applies changes to the running app."""
 
     def __init__(
-        self, app: WebhookApp, tls: ReloadingTLS, config_file: str | None, overrides: Mapping[str, Any]
+        self, app: WebhookApp, tls: ReloadingTLS, config_file: str | None, *, overrides: Mapping[str, Any]
     ) -> None:
         self.app, self.tls, self.config_file, self.overrides = app, tls, config_file, overrides
         self._config_stamp = file_stamp(config_file)
@@ -167,6 +168,7 @@ def serve(
     settings: Settings,
     config_file: str | None,
     overrides: Mapping[str, Any],
+    *,
     managed: ManagedTLS | None = None,
     check_address: tuple[str, int] | None = None,
 ) -> int:
@@ -174,7 +176,7 @@ def serve(
     metrics = Metrics()
     keeper = None
     if managed is not None:
-        keeper = _keeper(settings, managed, check_address, metrics)
+        keeper = _keeper(settings, managed, check_address, metrics=metrics)
         if keeper is None:
             return 1
     tls = _tls(settings.server)
@@ -200,11 +202,11 @@ def serve(
         facts_export=view.export if view is not None else no_cluster_export,
     )
     server = ReloadingServer(
-        _https_config(app, settings.server, tls, limits),
-        Reloader(app, tls, config_file, overrides),
+        _https_config(app, settings.server, tls, limits=limits),
+        Reloader(app, tls, config_file, overrides=overrides),
         limits,
-        settings.server.drain_seconds,
-        _metrics_server(settings.server, metrics),
+        drain_seconds=settings.server.drain_seconds,
+        metrics=_metrics_server(settings.server, metrics),
     )
     with contextlib.suppress(ValueError):  # only the main thread may set handlers (tests run serve in threads)
         signal.signal(signal.SIGHUP, server.request_reload)
@@ -215,7 +217,7 @@ def serve(
         settings.mode,
         settings.ptrace.mode,
     )
-    _run(server, app, view, keeper)
+    _run(server, app, view, keeper=keeper)
     return 0
 
 
@@ -241,7 +243,7 @@ def _cluster_view(settings: Settings, api: ApiClient | None, metrics: Metrics) -
     return view
 
 
-def _https_config(app: WebhookApp, server: ServerSettings, tls: ReloadingTLS, limits: Limits) -> uvicorn.Config:
+def _https_config(app: WebhookApp, server: ServerSettings, tls: ReloadingTLS, *, limits: Limits) -> uvicorn.Config:
     return uvicorn.Config(
         app,
         host=server.host,
@@ -286,7 +288,7 @@ def _metrics_server(server: ServerSettings, metrics: Metrics) -> uvicorn.Server 
     )
 
 
-def _run(server: ReloadingServer, app: WebhookApp, view: ClusterView | None, keeper: AdmissionKeeper | None) -> None:
+def _run(server: ReloadingServer, app: WebhookApp, view: ClusterView | None, *, keeper: AdmissionKeeper | None) -> None:
     """Run the server until it stops, then stop the threads that served it."""
     # Everything made so far lives as long as the process: out of the collector's way, every collection of
     # the oldest generation skips it (6% more /mutate/ptrace throughput, measured side by side).
@@ -313,6 +315,7 @@ def _keeper(
     settings: Settings,
     managed: ManagedTLS,
     check_address: tuple[str, int] | None,
+    *,
     metrics: Metrics,
 ) -> AdmissionKeeper | None:
     """Watch our webhook configuration; with a Secret, make sure a certificate is on disk before serving."""

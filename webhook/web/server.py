@@ -125,6 +125,7 @@ class Answer:
         status: int,
         body: bytes,
         content_type: str = JSON,
+        *,
         result: str = "ok",
         headers: Iterable[tuple[bytes, bytes]] = (),
     ) -> None:
@@ -145,7 +146,7 @@ class Answer:
 
 
 def error(status: int, message: str, headers: Iterable[tuple[bytes, bytes]] = ()) -> Answer:
-    return Answer(status, orjson.dumps({"error": message}), JSON, _RESULTS.get(status, "error"), headers)
+    return Answer(status, orjson.dumps({"error": message}), JSON, result=_RESULTS.get(status, "error"), headers=headers)
 
 
 def _header(scope: Scope, name: bytes) -> str | None:
@@ -179,6 +180,7 @@ class WebhookApp:
         settings: Settings,
         metrics: Metrics | None = None,
         namespaces: NamespaceFacts = no_cluster,
+        *,
         readiness: Sequence[Readiness] = (),
         facts_export: FactsExport = no_cluster_export,
     ) -> None:
@@ -199,7 +201,7 @@ class WebhookApp:
         started = time.perf_counter()
         path = _route_path(scope)
         if path in API_PATHS or path.startswith(STATIC):
-            await self._served_by_api(scope, receive, send, path, started)
+            await self._served_by_api(scope, receive, send, path=path, started=started)
             return
         endpoint = path if path in ROUTES else "unknown"
         try:
@@ -216,10 +218,10 @@ class WebhookApp:
         self.metrics.request(endpoint, answer.result).inc()
         self._latency[endpoint].observe(time.perf_counter() - started)
 
-    async def _served_by_api(self, scope: Scope, receive: Receive, send: Send, path: str, started: float) -> None:
+    async def _served_by_api(self, scope: Scope, receive: Receive, send: Send, *, path: str, started: float) -> None:
         endpoint = path if path in ROUTES else "/docs"
         try:
-            status = await self._api(scope, receive, send, path)
+            status = await self._api(scope, receive, send, path=path)
         except RequestError as exc:
             answer = error(exc.status, exc.message, _RETRY_AFTER if exc.status == 503 else ())
             await _send(send, answer)
@@ -257,7 +259,7 @@ class WebhookApp:
             return Answer(503, orjson.dumps({"status": "not ready", "reasons": reasons}), result="not_ready")
         return Answer(200, b'{"status":"ready"}')
 
-    async def _read_body(self, scope: Scope, receive: Receive, limit: int, limit_name: str) -> bytes:
+    async def _read_body(self, scope: Scope, receive: Receive, limit: int, *, limit_name: str) -> bytes:
         declared = _header(scope, b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise RequestError(413, f"body of {declared} bytes is over {limit_name} ({limit})")
@@ -289,13 +291,15 @@ class WebhookApp:
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     async def _mutate(self, scope: Scope, receive: Receive, kinds: Sequence[str]) -> Answer:
-        kind = media_type(scope)
-        if kind != JSON:
-            raise RequestError(415, f"Content-Type must be {JSON} (an AdmissionReview), got {kind or 'none'!r}")
-        body = await self._read_body(scope, receive, self.settings.server.max_body_bytes, "server.maxBodyBytes")
+        content_type = media_type(scope)
+        if content_type != JSON:
+            raise RequestError(415, f"Content-Type must be {JSON} (an AdmissionReview), got {content_type or 'none'!r}")
+        body = await self._read_body(
+            scope, receive, self.settings.server.max_body_bytes, limit_name="server.maxBodyBytes"
+        )
         review = read_review(load_json(body))
         settings = self.settings
-        decided = decide(review.request, settings, self.namespaces, kinds)
+        decided = decide(review.request, settings, self.namespaces, kinds=kinds)
         answer = response(review.uid, decided, settings)
         if decided is None:
             result = "not_applicable"
@@ -304,7 +308,7 @@ class WebhookApp:
             result = "patched" if "patch" in answer else ("denied" if not answer["allowed"] else "unchanged")
         return Answer(200, envelope(review.api_version, answer), result=result)
 
-    async def _api(self, scope: Scope, receive: Receive, send: Send, path: str) -> int | None:
+    async def _api(self, scope: Scope, receive: Receive, send: Send, *, path: str) -> int | None:
         """/preview, /openapi.json and /docs through FastAPI (api.py). For a preview the body is read here
         first, under its limits and deadline, and a worker taken; the answer's status, for the metrics."""
         if path == "/preview":
@@ -315,10 +319,10 @@ class WebhookApp:
         return await _forward(self.api, scope, receive, send)
 
     async def _preview(self, scope: Scope, receive: Receive, send: Send) -> int | None:
-        kind = media_type(scope)
-        if kind != JSON and kind not in YAML_TYPES:
+        content_type = media_type(scope)
+        if content_type != JSON and content_type not in YAML_TYPES:
             raise RequestError(
-                415, f"Content-Type must be {JSON} or application/yaml (text/yaml), got {kind or 'none'!r}"
+                415, f"Content-Type must be {JSON} or application/yaml (text/yaml), got {content_type or 'none'!r}"
             )
         worker = self.previewer.take()
         if worker is None:
@@ -326,8 +330,10 @@ class WebhookApp:
         self.metrics.previews_in_flight.inc()
         try:
             settings = self.settings
-            body = await self._read_body(scope, receive, settings.preview.max_body_bytes, "preview.maxBodyBytes")
-            extended = {**scope, WORKER_KEY: (worker, kind, settings)}
+            body = await self._read_body(
+                scope, receive, settings.preview.max_body_bytes, limit_name="preview.maxBodyBytes"
+            )
+            extended = {**scope, WORKER_KEY: (worker, content_type, settings)}
             return await _forward(self.api, extended, functools.partial(_replay, body), send)
         finally:
             self.previewer.give_back(worker)
@@ -335,8 +341,8 @@ class WebhookApp:
 
     async def _run_preview(self, request: Request, body: bytes, query: PreviewQuery) -> tuple[bytes, str]:
         """The preview itself, in a worker process (preview/workers.py): admission reviews are answered meanwhile."""
-        worker, kind, settings = request.scope[WORKER_KEY]
-        work = functools.partial(self.previewer.run, worker, body, kind, query, settings)
+        worker, content_type, settings = request.scope[WORKER_KEY]
+        work = functools.partial(self.previewer.run, worker, body, content_type, query=query, settings=settings)
         try:
             result: tuple[bytes, str] = await asyncio.get_running_loop().run_in_executor(self._preview_waits, work)
         except PreviewFailed as exc:
