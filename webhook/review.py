@@ -22,6 +22,7 @@ from webhook.mutation.facts import NO_CLUSTER, ClusterFacts, Facts, RequestFacts
 from webhook.mutation.plan import KINDS, Plan, plan
 from webhook.mutation.pod import type_name
 from webhook.mutation.pointer import Operation
+from webhook.objects import Pod
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +101,7 @@ def is_pod_create(request: AdmissionRequest) -> bool:
 
 def request_facts(
     request: AdmissionRequest,
-    pod: dict[str, Any],
+    pod: Pod,
     namespaces: NamespaceFacts,
     *,
     runtime: str | None = None,

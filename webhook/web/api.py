@@ -12,7 +12,7 @@ preview's body (its limits and deadline) before FastAPI sees the request; errors
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -23,6 +23,7 @@ from starlette.exceptions import HTTPException
 
 from webhook import __version__
 from webhook.errors import RequestError
+from webhook.objects import JSONObject
 from webhook.preview.render import PreviewQuery, query_error
 
 PATHS = ("/preview", "/openapi.json", "/docs", "/docs/oauth2-redirect")
@@ -106,7 +107,7 @@ def build(run_preview: RunPreview) -> FastAPI:
         content, content_type = await run_preview(request, await request.body(), query)
         return Response(content, media_type=content_type)
 
-    def openapi() -> dict[str, Any]:
+    def openapi() -> JSONObject:
         if app.openapi_schema is None:
             schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
             schema["paths"].update(_PLAIN_PATHS)
@@ -118,7 +119,7 @@ def build(run_preview: RunPreview) -> FastAPI:
     return app
 
 
-def _review(summary: str, description: str) -> dict[str, Any]:
+def _review(summary: str, description: str) -> JSONObject:
     return {
         "post": {
             "summary": summary,
@@ -142,12 +143,12 @@ def _review(summary: str, description: str) -> dict[str, Any]:
     }
 
 
-def _probe(summary: str, content_type: str = "application/json") -> dict[str, Any]:
+def _probe(summary: str, content_type: str = "application/json") -> JSONObject:
     return {"get": {"summary": summary, "responses": {"200": {"description": "OK", "content": {content_type: {}}}}}}
 
 
 # The paths served on the plain ASGI path, described here so that /docs shows the whole API.
-_PLAIN_PATHS: dict[str, Any] = {
+_PLAIN_PATHS: JSONObject = {
     "/mutate": _review("Admission: the SYS_PTRACE policy and the image puller", "For both webhooks at once."),
     "/mutate/ptrace": _review("Admission: the SYS_PTRACE policy alone", "The ptrace.copilot-webhook.io webhook."),
     "/mutate/image-puller": _review(
@@ -158,7 +159,7 @@ _PLAIN_PATHS: dict[str, Any] = {
     "/metrics": _probe("Prometheus metrics", "text/plain"),
 }
 
-_ADMISSION_REVIEW: dict[str, Any] = {
+_ADMISSION_REVIEW: JSONObject = {
     "type": "object",
     "description": "admission.k8s.io/v1 (or v1beta1) AdmissionReview; the API server sends `request`, the "
     "webhook answers with `response`.",

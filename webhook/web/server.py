@@ -42,8 +42,9 @@ from webhook.web.metrics import Metrics
 log = logging.getLogger(__name__)
 
 Scope = dict[str, Any]
-Receive = Callable[[], Awaitable[dict[str, Any]]]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
+Message = dict[str, Any]  # an ASGI event: http.request, http.disconnect, http.response.start or .body
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
 Readiness = Callable[[], str | None]  # None when ready, else why not
 
 JSON = "application/json"
@@ -388,6 +389,6 @@ async def _forward(app: FastAPI, scope: Scope, receive: Receive, send: Send) -> 
     return status[0] if status else None
 
 
-async def _replay(body: bytes) -> dict[str, Any]:
+async def _replay(body: bytes) -> Message:
     """The preview's body, read under its limits and deadline before FastAPI saw the request."""
     return {"type": "http.request", "body": body, "more_body": False}
