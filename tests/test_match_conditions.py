@@ -174,7 +174,7 @@ def test_the_drop_policy_rejects_exactly_what_the_webhook_would_change_and_nothi
         decided = plan(pod, Facts(RequestFacts(namespace)), settings, (PTRACE,))
         if decided.undecided:
             continue
-        after = apply(pod, decided.ops) if decided.changes else pod
+        after = apply(pod, [c.op for c in decided.changes]) if decided.changes else pod
         assert not _denied(variant, after), f"{variant}: the policy denies what the webhook emits for {name}"
         denied = _denied(variant, pod)
         assert denied == bool(decided.changes), f"{variant}: {name}: denied {denied}, webhook changes {decided.changes}"

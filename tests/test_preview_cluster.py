@@ -86,8 +86,8 @@ def test_a_worker_asking_for_nodes_answers_as_the_whole_table_does(served: Any, 
         body,
         "application/json",
         PreviewQuery.of(params),
-        build_settings({}),
-        lambda _ns: ClusterFacts({}, snapshot, "synced"),
+        settings=build_settings({}),
+        namespaces=lambda _ns: ClusterFacts({}, snapshot, "synced"),
     )
     assert remote.json() == orjson.loads(local)
     assert remote.json()["runtime"]  # the puller's decision is in the answer, whichever it is

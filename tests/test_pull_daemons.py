@@ -118,7 +118,7 @@ def _container(
     runtime: Runtime, images: list[str], secrets: list[str] | None = None, **settings: Any
 ) -> dict[str, Any]:
     """The container the webhook generates, for a node whose socket is the test daemon's."""
-    return puller_container(runtime, images, build_settings({"imagePuller": settings}).image_puller, secrets)
+    return puller_container(runtime, images, build_settings({"imagePuller": settings}).image_puller, secrets=secrets)
 
 
 def _command(container: dict[str, Any], secrets_dir: Path | None) -> list[str]:

@@ -138,7 +138,7 @@ def _preview(args: argparse.Namespace, settings: Settings) -> int:
     options = {"runtime": args.runtime, "node": args.node, "namespace": args.namespace, "output": args.output}
     try:
         query = PreviewQuery.of({k: v for k, v in options.items() if v})
-        content, _ = preview(body, content_type, query, settings)
+        content, _ = preview(body, content_type, query, settings=settings)
     except RequestError as exc:
         print(f"copilot-webhook: {args.filename}: {exc.message}", file=sys.stderr)
         return EXIT_FAILURE

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from webhook.config import CopilotSettings, PtraceMode, PtraceSettings
-from webhook.mutation.errors import PodShapeError, Undecidable
+from webhook.mutation.errors import Undecidable
 from webhook.mutation.pod import Container, PodView
 from webhook.mutation.pointer import Operation, add, remove
 from webhook.mutation.reasons import NoCapability, PtraceSkip
@@ -235,7 +235,7 @@ def flyte_owned(view: PodView) -> bool:
     return type(labels) is dict and all(key in labels for key in _FLYTE_LABELS)
 
 
-def plan_ptrace(view: PodView, copilot: Copilot | None, settings: PtraceSettings, psa_level: str) -> PtraceResult:
+def plan_ptrace(view: PodView, copilot: Copilot | None, settings: PtraceSettings, *, psa_level: str) -> PtraceResult:
     """`copilot` is None for a Flyte-owned pod without copilot containers: only `drop` applies to it."""
     result = PtraceResult()
     mode = effective_mode(view, settings, result)
@@ -254,7 +254,7 @@ def plan_ptrace(view: PodView, copilot: Copilot | None, settings: PtraceSettings
             f"SYS_PTRACE not added: the namespace enforces Pod Security {psa_level!r}, which forbids it"
         )
     else:
-        _add(view, copilot, settings, result)
+        _add(view, copilot, settings, result=result)
     return result
 
 
@@ -268,7 +268,7 @@ def _drop(view: PodView, copilot: Copilot | None, result: PtraceResult) -> None:
         result.skip_reason = "already-compliant"
 
 
-def _add(view: PodView, copilot: Copilot, settings: PtraceSettings, result: PtraceResult) -> None:
+def _add(view: PodView, copilot: Copilot, settings: PtraceSettings, *, result: PtraceResult) -> None:
     targets: list[tuple[Container, str]] = []
     if settings.target in ("primary", "all"):
         targets.append((primary_container(view, copilot), "primary container"))
@@ -298,7 +298,4 @@ def _share_process_namespace(view: PodView, result: PtraceResult) -> None:
             "shareProcessNamespace not set: the pod uses hostPID, which the API server forbids with it"
         )
     else:
-        result.ops.append((add("/spec/shareProcessNamespace", True), "the copilot watches the primary process"))
-
-
-__all__ = ["Copilot", "PodShapeError", "Undecidable", "find_copilot", "flyte_owned", "is_ptrace", "plan_ptrace"]
+        result.ops.append((add("/spec/shareProcessNamespace", value=True), "the copilot watches the primary process"))

@@ -22,7 +22,6 @@ NodeState = Literal["none", "unsynced", "synced"]
 
 class RequestFacts(NamedTuple):
     namespace: str
-    dry_run: bool = False
     runtime: str | None = None  # a preview's what-if: this flavour, whatever the nodes say
     node: str | None = None  # a preview's what-if: the pod lands on this node
 
@@ -68,7 +67,7 @@ def node_snapshot(
         and not index.stale()
         and len(changed) <= max(64, len(nodes) // 16)
     ):
-        return _updated(frozen_nodes, previous, index, changed)
+        return _updated(frozen_nodes, previous, index, changed=changed)
     groups: dict[Group, int] = {}
     for facts in nodes.values():
         groups[facts.group] = groups.get(facts.group, 0) + 1
@@ -76,7 +75,7 @@ def node_snapshot(
 
 
 def _updated(
-    nodes: Mapping[str, NodeFacts], previous: NodeSnapshot, index: LabelIndex, changed: Collection[str]
+    nodes: Mapping[str, NodeFacts], previous: NodeSnapshot, index: LabelIndex, *, changed: Collection[str]
 ) -> NodeSnapshot:
     groups = dict(previous.groups)
     for name in changed:

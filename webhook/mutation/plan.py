@@ -54,13 +54,9 @@ class Plan:
     runtime: Runtime | None = None  # the image puller's runtime decision, when it got that far
     runtime_note: str = ""  # why there is no runtime decision
 
-    @property
-    def ops(self) -> list[Operation]:
-        return [c.op for c in self.changes]
-
 
 def _skip_all(kinds: Collection[str], reason: PlanSkip, warnings: list[str] | None = None) -> Plan:
-    return Plan(warnings=warnings or [], outcomes={k: Outcome(False, reason) for k in kinds})
+    return Plan(warnings=warnings or [], outcomes={k: Outcome(mutated=False, reason=reason) for k in kinds})
 
 
 def parse_summary(value: str | None) -> dict[str, str]:
@@ -125,9 +121,9 @@ def plan(pod: Any, facts: Facts, settings: Settings, kinds: Collection[str] = KI
     # Each kind's operations are computed against the pod as sent; the ptrace operations come first
     # because the puller inserts an init container at index 0, which would shift the paths after it.
     if PTRACE in kinds:
-        _plan_ptrace(out, undecided, view, copilot, settings, cluster.pod_security_level)
+        _plan_ptrace(out, undecided, view, copilot=copilot, settings=settings, psa_level=cluster.pod_security_level)
     if PULLER in kinds:
-        _plan_puller(out, undecided, view, copilot is not None, facts, settings)
+        _plan_puller(out, undecided, view, is_copilot=copilot is not None, facts=facts, settings=settings)
 
     _record(out, view)
     out.undecided = "; ".join(undecided) or None
@@ -135,39 +131,39 @@ def plan(pod: Any, facts: Facts, settings: Settings, kinds: Collection[str] = KI
 
 
 def _plan_ptrace(
-    out: Plan, undecided: list[str], view: PodView, copilot: Copilot | None, settings: Settings, psa_level: str
+    out: Plan, undecided: list[str], view: PodView, *, copilot: Copilot | None, settings: Settings, psa_level: str
 ) -> None:
     if copilot is None and not flyte_owned(view):
-        out.outcomes[PTRACE] = Outcome(False, "not-copilot")
+        out.outcomes[PTRACE] = Outcome(mutated=False, reason="not-copilot")
         return
     try:
-        result = plan_ptrace(view, copilot, settings.ptrace, psa_level)
+        result = plan_ptrace(view, copilot, settings.ptrace, psa_level=psa_level)
     except Undecidable as exc:
         undecided.append(str(exc))
-        out.outcomes[PTRACE] = Outcome(False, "undecided")
+        out.outcomes[PTRACE] = Outcome(mutated=False, reason="undecided")
         return
-    _absorb(out, PTRACE, result, result.decision.split(":")[0], audited=result.skip_reason != "not-copilot")
+    _absorb(out, PTRACE, result, applied=result.decision.split(":")[0], audited=result.skip_reason != "not-copilot")
 
 
 def _plan_puller(
-    out: Plan, undecided: list[str], view: PodView, is_copilot: bool, facts: Facts, settings: Settings
+    out: Plan, undecided: list[str], view: PodView, *, is_copilot: bool, facts: Facts, settings: Settings
 ) -> None:
     recorded = PULLER in parse_summary(view.annotation(MUTATED_ANNOTATION))
     try:
-        pulled = plan_puller(view, is_copilot, facts, settings.image_puller, recorded)
+        pulled = plan_puller(view, is_copilot, facts, settings=settings.image_puller, recorded=recorded)
     except Undecidable as exc:
         undecided.append(str(exc))
-        out.outcomes[PULLER] = Outcome(False, "undecided")
+        out.outcomes[PULLER] = Outcome(mutated=False, reason="undecided")
         return
     flavour = pulled.runtime.flavour if pulled.runtime else ""
-    _absorb(out, PULLER, pulled, flavour, audited=pulled.skip_reason not in ("disabled", "not-copilot"))
+    _absorb(out, PULLER, pulled, applied=flavour, audited=pulled.skip_reason not in ("disabled", "not-copilot"))
     out.runtime, out.runtime_note = pulled.runtime, pulled.decision
 
 
-def _absorb(out: Plan, kind: str, result: PtraceResult | PullerResult, applied: str, audited: bool) -> None:
+def _absorb(out: Plan, kind: str, result: PtraceResult | PullerResult, *, applied: str, audited: bool) -> None:
     """Fold one kind's result into the plan; `applied` is the metrics reason when it changed the pod."""
     out.changes += [Change(op, why) for op, why in result.ops]
     out.warnings += result.warnings
     if audited or result.ops:
         out.audit[kind] = result.decision
-    out.outcomes[kind] = Outcome(bool(result.ops), applied if result.ops else str(result.skip_reason))
+    out.outcomes[kind] = Outcome(mutated=bool(result.ops), reason=applied if result.ops else str(result.skip_reason))

@@ -6,9 +6,9 @@ from typing import Any, Literal, Required, TypedDict
 
 
 class Operation(TypedDict, total=False):
-    """One RFC 6902 operation, of the three kinds we emit."""
+    """One RFC 6902 operation, of the two kinds we emit."""
 
-    op: Required[Literal["add", "remove", "replace"]]
+    op: Required[Literal["add", "remove"]]
     path: Required[str]
     value: Any  # a JSON value of the pod's: any of them
 
@@ -28,7 +28,3 @@ def add(path: str, value: Any) -> Operation:
 
 def remove(path: str) -> Operation:
     return {"op": "remove", "path": path}
-
-
-def replace(path: str, value: Any) -> Operation:
-    return {"op": "replace", "path": path, "value": value}

@@ -95,7 +95,7 @@ def secrets_volume(names: list[str]) -> objects.Volume:
 
 
 def puller_container(
-    runtime: Runtime, images: list[str], settings: ImagePullerSettings, secrets: list[str] | None = None
+    runtime: Runtime, images: list[str], settings: ImagePullerSettings, *, secrets: list[str] | None = None
 ) -> objects.Container:
     template = settings.memo(container_template)
     mounts: list[dict[str, Any]] = [{"name": VOLUME_NAME, "mountPath": runtime.socket}]
@@ -190,11 +190,11 @@ def already_injected(view: PodView, recorded: bool) -> bool:
 
 
 def insert_ops(
-    view: PodView, runtime: Runtime, images: list[str], settings: ImagePullerSettings
+    view: PodView, runtime: Runtime, images: list[str], *, settings: ImagePullerSettings
 ) -> list[tuple[Operation, str]]:
     why = f"pull {len(images)} image(s) through the {runtime.flavour} socket before the other containers start"
     secrets = pull_secrets(view)
-    container = puller_container(runtime, images, settings, secrets)
+    container = puller_container(runtime, images, settings, secrets=secrets)
     ops: list[tuple[Operation, str]] = []
     if isinstance(view.spec.get("initContainers"), list):
         ops.append((add("/spec/initContainers/0", container), why))
@@ -260,7 +260,7 @@ def _skip(reason: PullerSkip, warning: str | None = None, runtime: Runtime | Non
 
 
 def plan_puller(
-    view: PodView, is_copilot: bool, facts: Facts, settings: ImagePullerSettings, recorded: bool
+    view: PodView, is_copilot: bool, facts: Facts, *, settings: ImagePullerSettings, recorded: bool
 ) -> PullerResult:
     """Raises Undecidable on a name clash (spec 1.3: handled per failurePolicy)."""
     if not settings.enabled:
@@ -277,7 +277,7 @@ def plan_puller(
     images = select_images(view, settings)
     if not images:
         return _skip("no-images")
-    decision = decide_runtime(view, facts.request, facts.cluster, settings)
+    decision = decide_runtime(view, facts.request, facts.cluster, settings=settings)
     if decision.runtime is None:
         return _skip(decision.skip_reason or "unknown-runtime", decision.warning)
     runtime = decision.runtime
@@ -287,7 +287,7 @@ def plan_puller(
         result.warnings.append(
             f"pinned to {decision.pin} nodes (label {settings.runtime_label}): candidate nodes disagree"
         )
-    result.ops += insert_ops(view, runtime, images, settings)
+    result.ops += insert_ops(view, runtime, images, settings=settings)
     result.warnings += registry_warnings(images, runtime, settings)
     return result
 

@@ -95,7 +95,7 @@ def _describe(counts: Counter[str | None]) -> str:
 
 
 def decide_runtime(
-    view: PodView, request: RequestFacts, cluster: ClusterFacts, settings: ImagePullerSettings
+    view: PodView, request: RequestFacts, cluster: ClusterFacts, *, settings: ImagePullerSettings
 ) -> RuntimeDecision:
     if request.runtime is not None:
         return RuntimeDecision(configured(request.runtime, settings, "query"))
@@ -112,7 +112,7 @@ def decide_runtime(
         return RuntimeDecision(
             skip_reason="cache-unsynced", warning="no image puller: the node cache has not synced yet"
         )
-    runtimes, source = _candidate_runtimes(view, request, snapshot, settings)
+    runtimes, source = _candidate_runtimes(view, request, snapshot, settings=settings)
     return _from_runtimes(runtimes, source, settings)
 
 
@@ -120,7 +120,7 @@ RuntimeKey = tuple[str, str, str] | None  # (flavour, socket, client), or None f
 
 
 def _candidate_runtimes(
-    view: PodView, request: RequestFacts, snapshot: NodeSnapshot, settings: ImagePullerSettings
+    view: PodView, request: RequestFacts, snapshot: NodeSnapshot, *, settings: ImagePullerSettings
 ) -> tuple[Counter[RuntimeKey], str]:
     """Every candidate node's runtime, counted, and a word on which nodes those were."""
     names = [request.node] if request.node is not None else candidate_nodes(view, snapshot)

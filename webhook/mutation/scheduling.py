@@ -53,7 +53,7 @@ def _expression_matches(expr: Any, labels: Mapping[str, str], where: str) -> boo
     return test(labels.get(key), values)
 
 
-def _term_matches(term: Any, name: str, labels: Mapping[str, str], where: str) -> bool:
+def _term_matches(term: Any, name: str, labels: Mapping[str, str], *, where: str) -> bool:
     if not isinstance(term, dict):
         raise PodShapeError(f"{where} must be an object")
     expressions = term.get("matchExpressions") or []
@@ -131,11 +131,11 @@ def _node_selector(spec: objects.PodSpec) -> dict[str, str] | None:
 _TERMS = "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms"
 
 
-def _allowed(name: str, labels: Mapping[str, str], selector: Mapping[str, str] | None, terms: list[Any]) -> bool:
+def _allowed(name: str, labels: Mapping[str, str], selector: Mapping[str, str] | None, *, terms: list[Any]) -> bool:
     """The node carries every nodeSelector pair and matches one of the required terms."""
     if selector and any(labels.get(k) != v for k, v in selector.items()):
         return False
-    return any(_term_matches(t, name, labels, f"{_TERMS}[{i}]") for i, t in enumerate(terms))
+    return any(_term_matches(t, name, labels, where=f"{_TERMS}[{i}]") for i, t in enumerate(terms))
 
 
 def candidate_nodes(view: PodView, snapshot: NodeSnapshot) -> list[str] | None:
@@ -151,4 +151,8 @@ def candidate_nodes(view: PodView, snapshot: NodeSnapshot) -> list[str] | None:
         # Without required terms the index answers a nodeSelector exactly; without either, every node.
         return list(_indexed(snapshot, selector, None)) if selector else None
     nodes = snapshot.nodes
-    return [name for name in _indexed(snapshot, selector, terms) if _allowed(name, nodes[name].labels, selector, terms)]
+    return [
+        name
+        for name in _indexed(snapshot, selector, terms)
+        if _allowed(name, nodes[name].labels, selector, terms=terms)
+    ]

@@ -24,6 +24,7 @@ from webhook.mutation.facts import Facts, RequestFacts
 from webhook.mutation.plan import KINDS, Plan
 from webhook.mutation.pod import type_name
 from webhook.mutation.pointer import Operation
+from webhook.objects import JSONObject
 from webhook.review import (
     NamespaceFacts,
     decide,
@@ -121,7 +122,7 @@ def _objects(docs: list[Any]) -> Iterator[tuple[str, Any]]:
             yield where, doc
 
 
-def _name(obj: dict[str, Any]) -> str:
+def _name(obj: JSONObject) -> str:
     metadata = obj.get("metadata")
     if isinstance(metadata, dict):
         name = metadata.get("name") or metadata.get("generateName")
@@ -130,7 +131,7 @@ def _name(obj: dict[str, Any]) -> str:
     return ""
 
 
-def _namespace(obj: dict[str, Any], query: PreviewQuery) -> str:
+def _namespace(obj: JSONObject, query: PreviewQuery) -> str:
     if query.namespace:
         return query.namespace
     metadata = obj.get("metadata")
@@ -138,23 +139,21 @@ def _namespace(obj: dict[str, Any], query: PreviewQuery) -> str:
     return namespace if isinstance(namespace, str) and namespace else "default"
 
 
-def _entry(
-    kind: str, obj: dict[str, Any], decided: Plan | None, prefix: str, settings: Settings, query: PreviewQuery
-) -> PreviewEntry:
-    answer = decision(decided, settings)
+def _entry(kind: str, obj: JSONObject, decided: Plan | None, *, prefix: str, settings: Settings) -> PreviewEntry:
+    verdict = decision(decided, settings)
     changes = [] if decided is None else decided.changes
-    patch: list[Operation] = [{**c.op, "path": prefix + c.op["path"]} for c in changes] if answer.patch else []
+    patch: list[Operation] = [{**c.op, "path": prefix + c.op["path"]} for c in changes] if verdict.patch else []
     # A JSON value copies through orjson in 19 us (a Flyte pod), through deepcopy in 270; unpatched, the
     # object is only read from here on, so it needs no copy.
     mutated = jsonpatch.apply_patch(orjson.loads(orjson.dumps(obj)), patch, in_place=True) if patch else obj
     return {
         "kind": kind,
         "name": _name(obj),
-        "allowed": answer.allowed,
+        "allowed": verdict.allowed,
         "patch": patch,
         "object": mutated,
         "changes": [{"op": c.op["op"], "path": prefix + c.op["path"], "reason": c.reason} for c in changes],
-        "warnings": answer.warnings + ([answer.denial] if answer.denial is not None else []),
+        "warnings": verdict.warnings + ([verdict.denial] if verdict.denial is not None else []),
         "runtime": _runtime(decided),
         "_before": obj,
     }
@@ -181,11 +180,11 @@ class PreviewEntry(TypedDict):
     name: str
     allowed: bool
     patch: list[Operation]
-    object: dict[str, Any]  # the object as it would be admitted: any JSON object
+    object: JSONObject  # the object as it would be admitted: any JSON object
     changes: list[ChangeAnswer]
     warnings: list[str]
     runtime: RuntimeAnswer
-    _before: dict[str, Any]
+    _before: JSONObject
 
 
 def _runtime(decided: Plan | None) -> RuntimeAnswer:
@@ -197,7 +196,7 @@ def _runtime(decided: Plan | None) -> RuntimeAnswer:
 
 
 def preview_one(
-    where: str, obj: Any, settings: Settings, query: PreviewQuery, namespaces: NamespaceFacts
+    where: str, obj: Any, settings: Settings, *, query: PreviewQuery, namespaces: NamespaceFacts
 ) -> PreviewEntry:
     if not isinstance(obj, dict):
         raise RequestError(400, f"{where}: expected a Kubernetes object, got {type_name(obj)}")
@@ -214,9 +213,8 @@ def preview_one(
             "AdmissionReview",
             pod if isinstance(pod, dict) else {},
             decide(request, settings, namespaces, runtime=query.runtime, node=query.node),
-            "",
-            settings,
-            query,
+            prefix="",
+            settings=settings,
         )
     if kind == "Pod":
         pod, prefix = obj, ""
@@ -234,9 +232,9 @@ def preview_one(
             f"({', '.join(TEMPLATE_PATHS)}), nor an AdmissionReview",
         )
     namespace = _namespace(obj, query)
-    facts = Facts(RequestFacts(namespace, True, query.runtime, query.node), namespaces(namespace))
+    facts = Facts(RequestFacts(namespace, runtime=query.runtime, node=query.node), namespaces(namespace))
     decided = plan_or_undecided(pod, facts, settings, kinds=KINDS, where=where)
-    return _entry(kind, obj, decided, prefix, settings, query)
+    return _entry(kind, obj, decided, prefix=prefix, settings=settings)
 
 
 _STR, _MAP, _SEQ = "tag:yaml.org,2002:str", "tag:yaml.org,2002:map", "tag:yaml.org,2002:seq"
@@ -330,11 +328,12 @@ def preview(
     body: bytes,
     content_type: str,
     query: PreviewQuery,
+    *,
     settings: Settings,
     namespaces: NamespaceFacts = no_cluster,
 ) -> tuple[bytes, str]:
     docs = load_documents(body, content_type)
     objects = list(_objects(docs))
-    entries = [preview_one(where, obj, settings, query, namespaces) for where, obj in objects]
+    entries = [preview_one(where, obj, settings, query=query, namespaces=namespaces) for where, obj in objects]
     as_list = len(docs) > 1 or len(objects) != 1 or any(_is_list(d) for d in docs)
     return render(entries, query.output, as_list)

@@ -232,7 +232,7 @@ def _serve(conn: Connection) -> None:
             return  # the server is gone
         try:
             content, content_type = render.preview(
-                job.body, job.content_type, job.query, job.settings, _lookup(job.facts, conn)
+                job.body, job.content_type, job.query, settings=job.settings, namespaces=_lookup(job.facts, conn)
             )
             conn.send((200, content, content_type))
         except RequestError as exc:
@@ -240,6 +240,3 @@ def _serve(conn: Connection) -> None:
         except Exception as exc:
             log.exception("preview failed")
             conn.send((500, f"preview failed ({type(exc).__name__}); the server logged the details", ""))
-
-
-__all__ = ["PreviewFailed", "Previewer", "Worker", "no_cluster_export"]
