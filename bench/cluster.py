@@ -21,7 +21,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.fake_apiserver import FakeAPIServer, node
+from tests.fake_apiserver import FakeAPIServer, managed_fields, node
 
 NODES = "/api/v1/nodes"
 RUNTIMES = ["containerd://1.7.11"] * 8 + ["containerd://1.7.7-k3s1.27", "docker://24.0.7"]
@@ -29,17 +29,36 @@ ZONES = ["eu-west-1a", "eu-west-1b", "eu-west-1c"]
 
 
 def realistic(i: int, images: int) -> dict[str, Any]:
-    """A node as managed clusters label them: pool, zone, region, instance type, arch, os, hostname."""
+    """A node as a managed cluster (EKS here) labels and annotates it: 15 labels (the hostname, os and arch
+    with their beta twins, instance type, zone and region with their deprecated twins, node group and its
+    image, capacity type, the cloud provider's hash) and 4 annotations, the rows carrying the managed fields
+    the API server records."""
+    zone, instance = ZONES[i % 3], ["m6i.2xlarge", "m6i.4xlarge", "c6i.8xlarge"][i % 3]
+    pool = f"pool-{i % 20}"
+    name = f"ip-10-{i // 65536}-{i // 256 % 256}-{i % 256}.eu-west-1.compute.internal"
     labels = {
-        "pool": f"pool-{i % 20}",
-        "topology.kubernetes.io/zone": ZONES[i % 3],
-        "topology.kubernetes.io/region": "eu-west-1",
-        "node.kubernetes.io/instance-type": ["m6i.2xlarge", "m6i.4xlarge", "c6i.8xlarge"][i % 3],
+        "beta.kubernetes.io/arch": "amd64",
+        "beta.kubernetes.io/instance-type": instance,
+        "beta.kubernetes.io/os": "linux",
+        "eks.amazonaws.com/capacityType": "ON_DEMAND",
+        "eks.amazonaws.com/nodegroup": pool,
+        "eks.amazonaws.com/nodegroup-image": f"ami-0{i % 20:016x}",
+        "failure-domain.beta.kubernetes.io/region": "eu-west-1",
+        "failure-domain.beta.kubernetes.io/zone": zone,
+        "k8s.io/cloud-provider-aws": "a94967527effcefb5f5829f529c0a1b9",
         "kubernetes.io/arch": "amd64",
-        "eks.amazonaws.com/nodegroup": f"pool-{i % 20}",
-    }
-    obj = node(f"node-{i:05d}", RUNTIMES[i % 10], labels=labels, images=images)
+        "node.kubernetes.io/instance-type": instance,
+        "topology.kubernetes.io/region": "eu-west-1",
+        "topology.kubernetes.io/zone": zone,
+    }  # with the hostname and kubernetes.io/os that every node gets: 15
+    annotations = {
+        "alpha.kubernetes.io/provided-node-ip": f"10.{i // 65536}.{i // 256 % 256}.{i % 256}",
+        "csi.volume.kubernetes.io/nodeid": json.dumps({"ebs.csi.aws.com": f"i-0{i:016x}"}),
+        "volumes.kubernetes.io/controller-managed-attach-detach": "true",
+    }  # with node.alpha.kubernetes.io/ttl: 4
+    obj = node(name, RUNTIMES[i % 10], labels=labels, annotations=annotations, images=images)
     obj["metadata"]["creationTimestamp"] = "2026-11-01T00:00:00Z"
+    obj["metadata"]["managedFields"] = managed_fields(obj)
     return obj
 
 

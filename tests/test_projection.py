@@ -11,6 +11,7 @@ import pickle
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -18,6 +19,7 @@ from hypothesis import strategies as st
 from tests.fake_apiserver import NODE_COLUMNS, FakeAPIServer, node, node_row
 from tests.support import GOLDEN, eventually, load_yaml
 from tests.test_golden import _case, _run
+from webhook.cluster import decoding
 from webhook.cluster.access import api_client
 from webhook.cluster.nodes import NodeCache, node_from_row, project_node
 from webhook.config import ClusterSettings
@@ -138,6 +140,33 @@ def test_shapes_start_over_once_mostly_unused() -> None:
     again = shapes("n0", {"id": "v0"})
     assert again == {"id": "v0"}
     assert len(shapes._values) == 1
+
+
+def test_table_pages_and_events_are_read_without_managed_fields_to_the_same_facts() -> None:
+    rows = [node_row(node(f"n{i}", labels={"zone": "a", "pool": f"p{i}"})) for i in range(3)]
+    page = {"kind": "Table", "columnDefinitions": NODE_COLUMNS, "metadata": {"resourceVersion": "7"}, "rows": rows}
+    data = orjson.dumps(page)
+    read = decoding.table_page(data)
+    assert "managedFields" in orjson.loads(data)["rows"][0]["object"]["metadata"]
+    assert "managedFields" not in read["rows"][0]["object"]["metadata"]
+    assert read["metadata"] == {"resourceVersion": "7"}
+    whole = [project_node(_read(row)) for row in orjson.loads(data)["rows"]]
+    assert [project_node(_read(row)) for row in read["rows"]] == whole
+    event = orjson.dumps({"type": "MODIFIED", "object": page})
+    assert [project_node(_read(r)) for r in decoding.table_event(event)["object"]["rows"]] == whole
+
+    # What does not fit (a row's object not an object; an event's object a string) is parsed whole.
+    page["rows"] = [*rows, {"cells": [], "object": "x"}]
+    assert decoding.table_page(orjson.dumps(page))["rows"][-1] == {"cells": [], "object": "x"}
+    assert decoding.table_event(b'{"type": "ERROR", "object": "gone"}') == {"type": "ERROR", "object": "gone"}
+    with pytest.raises(orjson.JSONDecodeError):
+        decoding.table_page(b'{"rows": [')
+
+
+def _read(row: dict[str, Any]) -> dict[str, Any]:
+    read = node_from_row(row, COLUMNS)
+    assert read is not None
+    return read
 
 
 def test_unchanged_nodes_keep_their_objects() -> None:

@@ -116,9 +116,16 @@ class LabelShapes:
         positions = self._positions.get(keys)
         if positions is None:
             positions = self._positions[keys] = {sys.intern(str(k)): i for i, k in enumerate(keys)}
-        strings = self._strings
-        values = tuple(None if v == name else strings.setdefault(str(v), str(v)) for v in labels.values())
-        return NodeLabels(positions, self._values.setdefault(values, values), name)
+        found: list[str | None] = list(labels.values())
+        while name in found:  # the hostname, most often the only value a node does not share
+            found[found.index(name)] = None
+        values = tuple(found)
+        shared = self._values.get(values)
+        if shared is None:  # values not seen before: each string shared with the other nodes'
+            strings = self._strings
+            shared = tuple(None if v is None else strings.setdefault(str(v), str(v)) for v in values)
+            self._values[values] = shared
+        return NodeLabels(positions, shared, name)
 
     def trim(self, live: int) -> None:
         if len(self._values) > 1000 + 2 * live or len(self._strings) > 1000 + 4 * live:

@@ -1,0 +1,78 @@
+"""Reading the API server's Table pages and watch events without what the caches never read.
+
+A Table row's object metadata carries `managedFields`, most of a row's bytes (2.5 of 3.9 KB for a node
+of a managed cluster). Parsed whole, building those objects is four fifths of a relist's CPU. msgspec
+decodes into the shapes below and skips every other key without building it; anything that does not
+fit them (a malformed page or event) is parsed whole instead, so it meets the same checks as before.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypedDict
+
+import msgspec
+import orjson
+
+_Metadata = TypedDict(
+    "_Metadata",
+    {
+        "name": Any,
+        "namespace": Any,
+        "labels": Any,
+        "annotations": Any,
+        "resourceVersion": Any,
+        "continue": Any,
+    },
+    total=False,
+)
+
+
+class _RowObject(TypedDict, total=False):
+    apiVersion: Any
+    kind: Any
+    metadata: _Metadata
+
+
+class _Row(TypedDict, total=False):
+    cells: Any
+    object: _RowObject
+
+
+class _Object(TypedDict, total=False):
+    """A Table (a list page, or a watch event's object), or whatever else the server sent instead: a
+    plain list or object (its fields kept whole but for the metadata's), a Status."""
+
+    apiVersion: Any
+    kind: Any
+    metadata: _Metadata
+    columnDefinitions: Any
+    rows: list[_Row]
+    items: Any
+    spec: Any
+    status: Any
+    code: Any
+    message: Any
+    reason: Any
+
+
+class _Event(TypedDict, total=False):
+    type: Any
+    object: _Object
+
+
+_page = msgspec.json.Decoder(_Object)
+_event = msgspec.json.Decoder(_Event)
+
+
+def table_page(data: bytes) -> Any:
+    try:
+        return _page.decode(data)
+    except msgspec.DecodeError:
+        return orjson.loads(data)
+
+
+def table_event(data: bytes) -> Any:
+    try:
+        return _event.decode(data)
+    except msgspec.DecodeError:
+        return orjson.loads(data)
