@@ -81,7 +81,7 @@ class State:
     note: str
 
 
-def _current_ca(data: dict[str, bytes], name: str, now: datetime, ca_days: int, notes: list[str]) -> KeyPair:
+def _current_ca(data: dict[str, bytes], name: str, now: datetime, *, ca_days: int, notes: list[str]) -> KeyPair:
     """The CA that signs, a new one (and the Secret's data started over) when there is none or it expired."""
     ca = _pair(data.get(CA_CERT), data.get(CA_KEY))
     if ca is not None and ca.cert.not_valid_after_utc > now:
@@ -97,6 +97,7 @@ def _rotate(
     data: dict[str, bytes],
     ca: KeyPair,
     bundle: list[x509.Certificate],
+    *,
     published: bytes | None,
     name: str,
     now: datetime,
@@ -121,7 +122,7 @@ def _rotate(
 
 
 def _serve(
-    data: dict[str, bytes], ca: KeyPair, names: Sequence[str], now: datetime, days: int, notes: list[str]
+    data: dict[str, bytes], ca: KeyPair, names: Sequence[str], *, now: datetime, days: int, notes: list[str]
 ) -> None:
     """A new serving certificate when there is none, it aged, misses a name or another CA signed it."""
     leaf = _pair(data.get(TLS_CERT), data.get(TLS_KEY))
@@ -143,12 +144,12 @@ def next_state(
     ca_days = max(days * 10, 5 * 365)
     data = dict(secret or {})
     notes: list[str] = []
-    ca = _current_ca(data, names[0], now, ca_days, notes)
+    ca = _current_ca(data, names[0], now, ca_days=ca_days, notes=notes)
     bundle = [c for c in load_bundle(data.get(BUNDLE)) if c.not_valid_after_utc > now] or [ca.cert]
     if ca.cert not in bundle:
         bundle.insert(0, ca.cert)
-    ca = _rotate(data, ca, bundle, published, names[0], now, ca_days, notes)
-    _serve(data, ca, names, now, days, notes)
+    ca = _rotate(data, ca, bundle, published=published, name=names[0], now=now, ca_days=ca_days, notes=notes)
+    _serve(data, ca, names, now=now, days=days, notes=notes)
     bundle_pem = pem_bundle(bundle)
     data[BUNDLE] = bundle_pem
     changed = dict(secret or {}) != data

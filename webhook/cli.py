@@ -303,7 +303,9 @@ def _certs(args: argparse.Namespace) -> int:
     from certs.authority import generate_files
 
     try:
-        paths, bundle = generate_files(args.out, args.service, args.namespace, args.dns, args.ip, args.days)
+        paths, bundle = generate_files(
+            args.out, args.service, args.namespace, dns=args.dns, ips=args.ip, days=args.days
+        )
     except (OSError, ValueError) as exc:
         print(f"copilot-webhook: certs generate: {exc}", file=sys.stderr)
         return EXIT_FAILURE

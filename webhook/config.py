@@ -341,7 +341,7 @@ def _known_keys(model: type[BaseModel]) -> dict[str, str]:
     return keys
 
 
-def _env_key(var: str, part: str, model: type[BaseModel] | None, path: list[str]) -> str:
+def _env_key(var: str, part: str, model: type[BaseModel] | None, *, path: list[str]) -> str:
     """The camelCase key a part of a variable's name stands for under `path`; ConfigError when none."""
     known = _known_keys(model) if model is not None else {}
     key = known.get(part.lower()) or known.get(part.lower().replace("_", ""))
@@ -369,7 +369,7 @@ def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
         node = overrides
         path: list[str] = []
         for i, part in enumerate(parts):
-            key = _env_key(var, part, model, path)
+            key = _env_key(var, part, model, path=path)
             path.append(key)
             if i == len(parts) - 1:
                 node[key] = _scalar(raw)

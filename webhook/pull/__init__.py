@@ -38,7 +38,7 @@ MAX_TIMEOUT = 86400.0  # a day: the chart allows an hour
 
 
 @dataclass
-class Outcome:
+class PullOutcome:
     image: str
     result: str  # present, pulled, failed, cancelled
     attempts: int
@@ -56,25 +56,26 @@ class Puller:
         clients: dict[str, Client],
         route: dict[str, str],
         keyring: Keyring,
+        *,
         deadline: float,
         retries: int,
         backoff: float,
     ) -> None:
         self.clients, self.route, self.keyring = clients, route, keyring
         self.deadline, self.retries, self.backoff = deadline, retries, backoff
-        self.stop = threading.Event()
+        self.stopping = threading.Event()  # set by SIGTERM or SIGINT
 
     def _remaining(self) -> float:
         return self.deadline - time.monotonic()
 
-    def one(self, image: str) -> Outcome:
+    def one(self, image: str) -> PullOutcome:
         started = time.monotonic()
         attempts = [0]
 
-        def outcome(result: str, error: str = "") -> Outcome:
-            return Outcome(image, result, attempts[0], time.monotonic() - started, error)
+        def outcome(result: str, error: str = "") -> PullOutcome:
+            return PullOutcome(image, result, attempts[0], time.monotonic() - started, error)
 
-        if self.stop.is_set():
+        if self.stopping.is_set():
             return outcome("cancelled")
         if self._remaining() <= 0:
             return outcome("failed", "timed out before starting")
@@ -88,14 +89,14 @@ class Puller:
             if client.present(text, self._remaining()):
                 return outcome("present")
             credentials: list[Credential | None] = [*self.keyring.lookup(reference), None]  # matches, anonymous
-            return outcome(*self._retried(client, text, credentials, attempts))
+            return outcome(*self._retried(client, text, credentials, attempts=attempts))
         except Cancelled:  # SIGTERM, or the deadline cancelled the calls in flight
-            return outcome("cancelled") if self.stop.is_set() else outcome("failed", "timed out")
+            return outcome("cancelled") if self.stopping.is_set() else outcome("failed", "timed out")
         except PullError as exc:
             return outcome("failed", exc.message)
 
     def _retried(
-        self, client: Client, text: str, credentials: list[Credential | None], attempts: list[int]
+        self, client: Client, text: str, credentials: list[Credential | None], *, attempts: list[int]
     ) -> tuple[str, str]:
         """Pull, retrying transient failures with back-off: (result, error); `attempts` counts the tries."""
         while True:
@@ -107,7 +108,7 @@ class Puller:
                 if exc.permanent or attempts[0] >= self.retries or self._remaining() <= 0:
                     return "failed", exc.message
             pause = min(self.backoff * 2 ** (attempts[0] - 1), max(self._remaining(), 0))
-            if self.stop.wait(pause):
+            if self.stopping.wait(pause):
                 return "cancelled", ""
 
     def _pull(self, client: Client, reference: str, credentials: list[Credential | None]) -> None:
@@ -123,11 +124,13 @@ class Puller:
         assert error is not None
         raise error
 
-    def run(self, images: list[str], parallel: int) -> list[Outcome]:
-        outcomes: dict[int, Outcome] = {}
+    def run(self, images: list[str], parallel: int) -> list[PullOutcome]:
+        outcomes: dict[int, PullOutcome] = {}
         cancelled = False
         with ThreadPoolExecutor(max_workers=min(parallel, len(images))) as pool:
-            futures: dict[Future[Outcome], int] = {pool.submit(self.one, image): i for i, image in enumerate(images)}
+            futures: dict[Future[PullOutcome], int] = {
+                pool.submit(self.one, image): i for i, image in enumerate(images)
+            }
             pending = set(futures)
             while pending:
                 done, pending = wait(pending, timeout=0.1, return_when=FIRST_COMPLETED)
@@ -135,7 +138,7 @@ class Puller:
                     outcomes[futures[future]] = future.result()
                 # The deadline is the run's, whatever a client's own timeouts do: a socket timeout bounds one
                 # read, and a runtime that keeps streaming progress never lets it expire.
-                if not cancelled and (self.stop.is_set() or self._remaining() <= 0):
+                if not cancelled and (self.stopping.is_set() or self._remaining() <= 0):
                     cancelled = True
                     for client in self.clients.values():
                         client.cancel()
@@ -197,12 +200,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     for problem in problems:
         print(problem, flush=True)
     clients, route = _clients(args)
-    puller = Puller(clients, route, keyring, time.monotonic() + args.timeout, args.retries, args.backoff)
+    puller = Puller(
+        clients,
+        route,
+        keyring,
+        deadline=time.monotonic() + args.timeout,
+        retries=args.retries,
+        backoff=args.backoff,
+    )
 
     def stop(signum: int, _frame: FrameType | None) -> None:
-        if not puller.stop.is_set():
+        if not puller.stopping.is_set():
             print(f"{signal.Signals(signum).name}: stopping, cancelling the pulls in flight", flush=True)
-        puller.stop.set()
+        puller.stopping.set()
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
@@ -240,11 +250,11 @@ def _clients(args: argparse.Namespace) -> tuple[dict[str, Client], dict[str, str
     for flag, hosts in (("--plain-http", args.registry_plain_http), ("--skip-verify", args.registry_skip_verify)):
         for host in hosts:
             options.setdefault(host, []).append(flag)
-    native = NativeClient(args.socket, cri, options, cas)
+    native = NativeClient(args.socket, cri, options, cas=cas)
     return {"default": cri, "native": native}, dict.fromkeys(args.pod_network_registry, "native")
 
 
-def _summary(outcomes: list[Outcome], failure_policy: str) -> int:
+def _summary(outcomes: list[PullOutcome], failure_policy: str) -> int:
     counts = {r: sum(o.result == r for o in outcomes) for r in RESULTS}
     summary = "summary " + " ".join(f"{k}={v}" for k, v in counts.items())
     unfinished = counts["failed"] + counts["cancelled"]

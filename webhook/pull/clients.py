@@ -143,7 +143,7 @@ class DockerClient:
 
     @contextlib.contextmanager
     def _exchange(
-        self, method: str, url: str, timeout: float, headers: dict[str, str] | None = None
+        self, method: str, url: str, timeout: float, *, headers: dict[str, str] | None = None
     ) -> Iterator[http.client.HTTPResponse]:
         """One request and its response, read inside the block: whatever the socket answers (garbage, a
         response cut short, the connection shut by cancel()) ends as PullError or Cancelled."""
@@ -182,7 +182,7 @@ class DockerClient:
             auth = {"username": credential.username, "password": credential.password, "serveraddress": credential.key}
             headers["X-Registry-Auth"] = base64.urlsafe_b64encode(json.dumps(auth).encode()).decode()
         url = f"/images/create?fromImage={quote(reference, safe='')}"
-        with self._exchange("POST", url, timeout, headers) as response:
+        with self._exchange("POST", url, timeout, headers=headers) as response:
             if response.status != 200:
                 body = response.read(BODY_LIMIT)
                 raise PullError(_message(body, response.status), permanent=True if response.status == 404 else None)

@@ -30,7 +30,7 @@ PASSWORD_LIMIT = 4095
 class NativeClient:
     """`ctr` for registries the pod network reaches; presence is asked of the CRI on the same socket."""
 
-    def __init__(self, socket_path: str, cri: CRIClient, options: dict[str, list[str]], cas: dict[str, str]) -> None:
+    def __init__(self, socket_path: str, cri: CRIClient, options: dict[str, list[str]], *, cas: dict[str, str]) -> None:
         self._socket = socket_path
         self._cri = cri
         self._options = options  # registry -> extra ctr flags (--plain-http, --skip-verify)
@@ -54,14 +54,14 @@ class NativeClient:
             command += ["--user", credential.username]
             typed = _typed(credential)
         command += ["--", reference]
-        code, output = self._run(command, (ca or "").encode(), typed, timeout)
+        code, output = self._run(command, (ca or "").encode(), typed, timeout=timeout)
         if self._cancelled:
             raise Cancelled
         if code != 0:
             lines = [line for line in output.splitlines() if line.startswith("ctr: ")]
             raise PullError(lines[-1][5:] if lines else f"ctr exited {code}")
 
-    def _run(self, command: list[str], feed: bytes, typed: bytes, timeout: float) -> tuple[int, str]:
+    def _run(self, command: list[str], feed: bytes, typed: bytes, *, timeout: float) -> tuple[int, str]:
         """ctr's exit code and what it wrote on its standard error."""
         try:
             stderr = _Stderr(terminal=bool(typed))
