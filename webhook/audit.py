@@ -19,6 +19,7 @@ from webhook.mutation.errors import PodShapeError
 from webhook.mutation.facts import Facts, RequestFacts, cluster_facts
 from webhook.mutation.plan import PTRACE, plan
 from webhook.mutation.pod import CONTAINER_LISTS
+from webhook.objects import JSONObject, Pod
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,7 @@ class Finding:
     changes: tuple[str, ...]  # one reason per patch operation
     undecided: str | None = None
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> JSONObject:
         data = asdict(self)
         data["holding"], data["changes"] = list(self.holding), list(self.changes)
         return data
@@ -59,9 +60,7 @@ def holding_ptrace(pod: Mapping[str, Any]) -> tuple[str, ...]:
     return tuple(found)
 
 
-def audit(
-    pods: Iterable[dict[str, Any]], namespace_labels: Mapping[str, Mapping[str, str]], settings: Settings
-) -> list[Finding]:
+def audit(pods: Iterable[Pod], namespace_labels: Mapping[str, Mapping[str, str]], settings: Settings) -> list[Finding]:
     """The pods whose spec the SYS_PTRACE policy in `settings` would change, sorted by namespace, owner, pod."""
     findings: list[Finding] = []
     for pod in pods:

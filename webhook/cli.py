@@ -14,7 +14,7 @@ from typing import Any, get_args
 
 import yaml
 
-from webhook.config import FLAVOURS, Settings, dump_settings, load_settings
+from webhook.config import FLAVOURS, ConfigDocument, Settings, dump_settings, load_settings
 from webhook.errors import ConfigError, RequestError
 from webhook.preview.render import Output, PreviewQuery, preview
 
@@ -111,7 +111,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _serve_overrides(args: argparse.Namespace) -> dict[str, Any]:
+def _serve_overrides(args: argparse.Namespace) -> ConfigDocument:
     pairs = {
         "host": args.host,
         "port": args.port,

@@ -16,7 +16,7 @@ import re
 from collections.abc import Callable, Mapping
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal, Self, TypeVar
+from typing import Any, Literal, Self, TypeAlias, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
@@ -25,6 +25,7 @@ from webhook import __version__
 from webhook.documents import decode_text, load_yaml_documents
 from webhook.errors import ConfigError, DocumentError, InvalidReference
 from webhook.globs import glob_matcher
+from webhook.objects import JSONObject
 from webhook.references import parse
 
 ENV_PREFIX = "COPILOT_WEBHOOK_"
@@ -316,7 +317,11 @@ class Settings(_Section):
     image_puller: ImagePullerSettings = ImagePullerSettings()
 
 
-_DEFAULTS: dict[str, Any] = Settings().model_dump(by_alias=True)
+ConfigDocument: TypeAlias = JSONObject
+"""Settings as their YAML or JSON text holds them (camelCase keys), whole or in part: a configuration file,
+the overrides from the environment or the command line, the effective settings printed."""
+
+_DEFAULTS: ConfigDocument = Settings().model_dump(by_alias=True)
 
 
 def _describe(error: Mapping[str, Any]) -> str:
@@ -358,9 +363,9 @@ def _section_model(model: type[BaseModel] | None, key: str) -> type[BaseModel] |
     return annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
 
 
-def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
+def _env_overrides(environ: Mapping[str, str]) -> ConfigDocument:
     """COPILOT_WEBHOOK_PTRACE__MODE=drop -> {"ptrace": {"mode": "drop"}}; values are parsed as YAML scalars."""
-    overrides: dict[str, Any] = {}
+    overrides: ConfigDocument = {}
     for var, raw in sorted(environ.items()):
         if not var.startswith(ENV_PREFIX) or var == CONFIG_ENV:
             continue
@@ -397,7 +402,7 @@ def _snake(model: type[BaseModel], alias: str) -> str:
     raise KeyError(alias)
 
 
-def _merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+def _merge(base: ConfigDocument, extra: Mapping[str, Any]) -> ConfigDocument:
     merged = dict(base)
     for key, value in extra.items():
         if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
@@ -407,7 +412,7 @@ def _merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def read_config_file(path: str | Path) -> dict[str, Any]:
+def read_config_file(path: str | Path) -> ConfigDocument:
     """The file's one YAML document, read as JSON values only and to a bounded depth (documents.py): whatever
     its bytes, the answer is a mapping or a ConfigError, so a bad file can never take a running server down."""
     try:
@@ -451,5 +456,5 @@ def load_settings(
     return build_settings(_merge(_merge(data, _env_overrides(env)), overrides or {}))
 
 
-def dump_settings(settings: Settings) -> dict[str, Any]:
+def dump_settings(settings: Settings) -> ConfigDocument:
     return settings.model_dump(mode="json", by_alias=True)
