@@ -5,7 +5,7 @@ when the task has inputs, and when it has outputs `<prefix>sidecar` (<= 1.13) or
 (>= 1.14) as a regular container that watches the primary container's process through a shared process
 namespace, hence SYS_PTRACE (<= 1.15, which grants it to every copilot task, even one with neither).
 From 1.16 the uploader is a native sidecar (init container, restartPolicy: Always) that waits for a
-signal instead. tests/flyte_source.py rebuilds these pods from the Go code, tag by tag.
+signal instead. scripts/flyte_source.py rebuilds these pods from the Go code, tag by tag.
 """
 
 from __future__ import annotations
