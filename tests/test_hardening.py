@@ -341,6 +341,33 @@ def test_a_body_trickled_after_the_answer_meets_the_deadline_too(hardened: tuple
     assert closed_after < 2
 
 
+def test_an_answer_is_one_tls_record_and_head_requests_and_100_continue_still_flow(
+    hardened: tuple[Server, int],
+) -> None:
+    """The head and body go out in one write (one TLS record: one read gets all of it); an answer to HEAD,
+    which has no body write, still goes out, and a 100 Continue is sent before the body is read."""
+    body = _review_bytes()
+    request = b"POST /mutate HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: %d\r\n" % len(
+        body
+    )
+    with _open(hardened, "admission") as conn:
+        conn.sendall(request + b"\r\n" + body)
+        first = conn.recv(65536)
+        assert first.startswith(b"HTTP/1.1 200"), first[:200]
+        assert first.endswith(b"}"), "the head came alone: the body was a second TLS record"
+        assert orjson.loads(first.partition(b"\r\n\r\n")[2])["response"]["uid"] == "a1b2c3"
+
+        conn.sendall(b"HEAD /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+        head = conn.recv(65536)
+        assert head.startswith(b"HTTP/1.1 200")
+        assert head.endswith(b"\r\n\r\n")
+
+        conn.sendall(request + b"expect: 100-continue\r\n\r\n")
+        assert conn.recv(65536) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        conn.sendall(body)
+        assert _read_answer(conn).startswith(b"HTTP/1.1 200")
+
+
 HEADS = {
     "200 small headers": b"a: b\r\n" * 200,
     "one header of 100 KB": b"x-big: " + b"a" * 100_000 + b"\r\n",

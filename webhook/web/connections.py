@@ -16,7 +16,9 @@ uvicorn's httptools protocol, plus what it lacks:
 - draining: once the server shuts down, every answer says `Connection: close`, and a connection with no
   request in flight gets a short grace to deliver one it may already have sent, instead of the immediate
   close that made clients lose the request they had just written on an idle keep-alive connection.
-It also keeps the request target as sent when it is not origin-form (`POST https://host/mutate`), so the
+It also writes each response's head together with its body's first bytes: uvicorn writes them apart, so
+a small answer cost two TLS records and two sends where one does (a third of the CPU of a /mutate went to
+those writes). It also keeps the request target as sent when it is not origin-form (`POST https://host/mutate`), so the
 router can refuse it: the API server only ever sends origin-form targets.
 """
 
@@ -26,7 +28,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import httptools
 import orjson
@@ -126,6 +128,39 @@ class Deadlines:
             self._armed = False
 
 
+class _JoinedWrites:
+    """A response cycle's transport that holds the response head (the first write once the response has
+    started) until the next write, or the response's end, and sends them as one. Writes before the
+    response (a 100 Continue) and after the first body bytes pass straight through."""
+
+    __slots__ = ("_cycle", "_head", "_joining", "_transport")
+
+    def __init__(self, transport: Any, cycle: Any) -> None:
+        self._transport, self._cycle = transport, cycle
+        self._head: bytes | None = None
+        self._joining = True
+
+    def write(self, data: bytes) -> None:
+        if self._joining and self._cycle.response_started:
+            if self._head is None:
+                self._head = data
+                return
+            data, self._head, self._joining = self._head + data, None, False
+        self._transport.write(data)
+
+    def flush(self) -> None:
+        if self._head is not None:
+            head, self._head, self._joining = self._head, None, False
+            self._transport.write(head)
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
 def protocol_class(limits: Limits) -> type[HttpToolsProtocol]:
     class Protocol(_LimitedProtocol):
         pass
@@ -206,6 +241,16 @@ class _LimitedProtocol(HttpToolsProtocol):
         self._head = None
         self.limits.late.stop(self)
         super().on_headers_complete()
+        if self.cycle is not None:
+            joined = _JoinedWrites(self.transport, self.cycle)
+            self.cycle.transport = cast(asyncio.Transport, joined)  # duck-typed: what the cycle calls
+            done = self.cycle.on_response
+
+            def on_response() -> None:
+                joined.flush()  # a head never followed by a write (an answer to HEAD): sent as the answer ends
+                done()
+
+            self.cycle.on_response = on_response
         if not self.url.startswith(b"/"):
             # Absolute-form or asterisk-form: keep the target as sent, so no route matches it.
             self.scope["raw_path"] = self.url
