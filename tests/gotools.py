@@ -76,6 +76,20 @@ TOOLS: dict[str, Tool] = {
         Tool("etcd", "tests/kube/etcd", "go.etcd.io/etcd/server/v3"),
         # Flyte's pod generators, one module per release line whose Flyte modules resolve (scripts/flyte_source.py).
         Tool("flyte-pods-1.16", "tests/flyte/v1.16", "."),
+        # Flyte's own flytecopilot, copied from Flyte's repository (tests/flyte/copilot/README.md), for the
+        # node's task pods (tests/test_kube_copilot.py). Its packages sit in subfolders, which the key reads
+        # as extra files.
+        *(
+            Tool(
+                f"flytecopilot-{line}",
+                f"tests/flyte/copilot/{tag}",
+                ".",
+                extra=tuple(
+                    str(p.relative_to(ROOT)) for p in sorted((ROOT / "tests/flyte/copilot" / tag).glob("*/**/*.go"))
+                ),
+            )
+            for line, tag in (("1.15", "v1.15.3"), ("1.16", "v1.16.8"))
+        ),
     )
 }
 
