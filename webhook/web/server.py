@@ -36,6 +36,7 @@ from webhook.review import (
 from webhook.web.api import PATHS as API_PATHS
 from webhook.web.api import STATIC
 from webhook.web.api import build as build_api
+from webhook.web.bodies import BodyDeadlines, media_type, read_body
 from webhook.web.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from webhook.web.metrics import Metrics
 
@@ -78,46 +79,6 @@ _RESULTS = {
 _RETRY_AFTER = ((b"retry-after", b"1"),)
 
 
-class BodyDeadlines:
-    """Deadlines for reading request bodies, kept by one watchdog instead of a timer per request: under
-    load `asyncio.timeout` around every read cost 10 to 20% of /mutate/ptrace's throughput (a libuv timer
-    started and stopped per request). The watchdog wakes every 0.1 s while any body is being read and
-    cancels the reads that are late, so the deadline holds to within a tenth of a second."""
-
-    TICK = 0.1
-
-    def __init__(self) -> None:
-        self._due: dict[asyncio.Task[Any], float] = {}
-        self._expired: set[asyncio.Task[Any]] = set()
-        self._armed = False
-
-    def start(self, task: asyncio.Task[Any], seconds: float) -> None:
-        self._due[task] = time.monotonic() + seconds
-        if not self._armed:
-            self._armed = True
-            asyncio.get_running_loop().call_later(self.TICK, self._check)
-
-    def expired(self, task: asyncio.Task[Any]) -> bool:
-        return task in self._expired
-
-    def done(self, task: asyncio.Task[Any]) -> None:
-        del self._due[task]
-        if self._expired and task in self._expired:
-            self._expired.discard(task)
-            task.uncancel()
-
-    def _check(self) -> None:
-        now = time.monotonic()
-        for task, due in list(self._due.items()):
-            if due <= now and task not in self._expired:
-                self._expired.add(task)
-                task.cancel()
-        if self._due:
-            asyncio.get_running_loop().call_later(self.TICK, self._check)
-        else:
-            self._armed = False
-
-
 class Answer:
     __slots__ = ("body", "content_type", "headers", "result", "status")
 
@@ -150,13 +111,6 @@ def error(status: int, message: str, headers: Iterable[tuple[bytes, bytes]] = ()
     return Answer(status, orjson.dumps({"error": message}), JSON, result=_RESULTS.get(status, "error"), headers=headers)
 
 
-def _header(scope: Scope, name: bytes) -> str | None:
-    for key, value in scope["headers"]:
-        if key == name:
-            return str(value.decode("latin-1"))
-    return None
-
-
 def _route_path(scope: Scope) -> str:
     """The path to route on: the target exactly as sent. A percent-encoded path (`/%6dutate`) or an
     absolute-form target is never what an API server sends; routing them as their decoded path would let
@@ -166,11 +120,6 @@ def _route_path(scope: Scope) -> str:
         return str(raw.decode("latin-1"))
     path: str = scope["path"]
     return path
-
-
-def media_type(scope: Scope) -> str:
-    raw = _header(scope, b"content-type") or ""
-    return raw.split(";", 1)[0].strip().lower()
 
 
 class WebhookApp:
@@ -260,43 +209,18 @@ class WebhookApp:
             return Answer(503, orjson.dumps({"status": "not ready", "reasons": reasons}), result="not_ready")
         return Answer(200, b'{"status":"ready"}')
 
-    async def _read_body(self, scope: Scope, receive: Receive, limit: int, *, limit_name: str) -> bytes:
-        declared = _header(scope, b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise RequestError(413, f"body of {declared} bytes is over {limit_name} ({limit})")
-        # The API server gives up at timeoutSeconds, so we stop waiting at server.deadlineSeconds and say
-        # so; the deadline covers the whole body, its first byte included (BodyDeadlines).
-        deadline = self.settings.server.deadline_seconds
-        chunks: list[bytes] = []
-        size = 0
-        task: asyncio.Task[Any] = asyncio.current_task()  # type: ignore[assignment]
-        self._deadlines.start(task, deadline)
-        try:
-            more = True
-            while more:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    raise ClientGone
-                chunk = message.get("body", b"")
-                size += len(chunk)
-                if size > limit:
-                    raise RequestError(413, f"body is over {limit_name} ({limit})")
-                chunks.append(chunk)
-                more = message.get("more_body", False)
-        except asyncio.CancelledError:
-            if not self._deadlines.expired(task):
-                raise
-            raise RequestError(408, f"body not received within server.deadlineSeconds ({deadline:g} s)") from None
-        finally:
-            self._deadlines.done(task)
-        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-
     async def _mutate(self, scope: Scope, receive: Receive, kinds: Sequence[str]) -> Answer:
         content_type = media_type(scope)
         if content_type != JSON:
             raise RequestError(415, f"Content-Type must be {JSON} (an AdmissionReview), got {content_type or 'none'!r}")
-        body = await self._read_body(
-            scope, receive, self.settings.server.max_body_bytes, limit_name="server.maxBodyBytes"
+        server = self.settings.server
+        body = await read_body(
+            scope,
+            receive,
+            self._deadlines,
+            limit=server.max_body_bytes,
+            limit_name="server.maxBodyBytes",
+            seconds=server.deadline_seconds,
         )
         review = read_review(load_json(body))
         settings = self.settings
@@ -331,8 +255,13 @@ class WebhookApp:
         self.metrics.previews_in_flight.inc()
         try:
             settings = self.settings
-            body = await self._read_body(
-                scope, receive, settings.preview.max_body_bytes, limit_name="preview.maxBodyBytes"
+            body = await read_body(
+                scope,
+                receive,
+                self._deadlines,
+                limit=settings.preview.max_body_bytes,
+                limit_name="preview.maxBodyBytes",
+                seconds=settings.server.deadline_seconds,
             )
             extended = {**scope, WORKER_KEY: (worker, content_type, settings)}
             return await _forward(self.api, extended, functools.partial(_replay, body), send)
