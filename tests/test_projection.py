@@ -224,8 +224,8 @@ def test_a_cache_fed_table_rows_equals_one_fed_full_objects(api: FakeAPIServer, 
         # The watch sent column definitions with its first event only, as the API server does.
         assert _index(table.snapshot) == _index(node_snapshot(dict(table.snapshot.nodes)))
     finally:
-        table.informer.stop.set()
-        full.informer.stop.set()
+        table.informer.stopping.set()
+        full.informer.stopping.set()
 
 
 def test_a_relist_that_finds_nothing_new_publishes_nothing(api: FakeAPIServer, tmp_path: Path) -> None:

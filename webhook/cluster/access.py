@@ -65,10 +65,10 @@ class ClusterView:
             self.labeller.start()
 
     def stop(self) -> None:
-        self.nodes.informer.stop.set()
-        self.namespaces.informer.stop.set()
+        self.nodes.informer.stopping.set()
+        self.namespaces.informer.stopping.set()
         if self.labeller is not None:
-            self.labeller.stop.set()
+            self.labeller.stopping.set()
 
     def __call__(self, namespace: str) -> ClusterFacts:
         # An unsynced node cache is a decision (spec 1.7: no puller, a warning), never a wait.

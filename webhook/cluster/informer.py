@@ -117,7 +117,7 @@ class Informer(Generic[T]):
         self._items: Mapping[str, T] = MappingProxyType({})
         self.resource_version: str | None = None
         self.synced = threading.Event()
-        self.stop = threading.Event()
+        self.stopping = threading.Event()
         self.relists = 0
         self.skipped_events = 0
 
@@ -267,7 +267,7 @@ class Informer(Generic[T]):
         )
         try:
             for line in self._lines(response):
-                if self.stop.is_set():
+                if self.stopping.is_set():
                     return
                 self._event(line)
         finally:
@@ -331,7 +331,7 @@ class Informer(Generic[T]):
     def run(self) -> None:
         failures = 0
         need_list = True
-        while not self.stop.is_set():
+        while not self.stopping.is_set():
             try:
                 if need_list:
                     self.list_once()
@@ -367,7 +367,7 @@ class Informer(Generic[T]):
         delay = min(high, low * 2 ** (failures - 1)) * random.uniform(0.8, 1.2)  # noqa: S311 - jitter, not security
         trace = error if error is not None and failures == 1 else None
         log.warning("%s cache: %s; retrying in %.1f s", self.name, why, delay, exc_info=trace)
-        self.stop.wait(delay)
+        self.stopping.wait(delay)
 
     def start(self) -> threading.Thread:
         thread = threading.Thread(target=self.run, name=f"{self.name}-informer", daemon=True)

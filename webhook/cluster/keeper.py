@@ -67,7 +67,7 @@ class AdmissionKeeper:
         self.check_address, self.listening = check_address, listening
         self.renew_every, self.check_every = renew_every, check_every
         self.expected = bundle
-        self.stop = threading.Event()
+        self.stopping = threading.Event()
         self.wake = threading.Event()
         self.repairs = 0
         self._last_repair = 0.0
@@ -84,7 +84,7 @@ class AdmissionKeeper:
             on_change=self._changed,
             backoff=(0.5, 10.0),
         )
-        self.informer.stop = self.stop
+        self.informer.stopping = self.stopping
 
     def _changed(self, items: Mapping[str, Projection], _names: frozenset[str] | None) -> None:
         seen = items.get(self.manager.webhook_config)
@@ -184,7 +184,7 @@ class AdmissionKeeper:
         # The first renewal ran before the server started; the first check waits until it listens.
         next_renew = time.monotonic() + self.renew_every
         next_check = time.monotonic()
-        while not self.stop.is_set():
+        while not self.stopping.is_set():
             next_renew, next_check = self.step(time.monotonic(), next_renew, next_check)
             wait = min(next_renew if self.out is not None else next_check, next_check) - time.monotonic()
             if self._drift:
@@ -198,5 +198,5 @@ class AdmissionKeeper:
         threading.Thread(target=self.run, name="admission-keeper", daemon=True).start()
 
     def close(self) -> None:
-        self.stop.set()
+        self.stopping.set()
         self.wake.set()

@@ -59,13 +59,13 @@ class Labeller:
     ) -> None:
         self._nodes, self._patch, self._label, self._interval = nodes, patch_node, label, interval
         self.dirty = threading.Event()
-        self.stop = threading.Event()
+        self.stopping = threading.Event()
 
     def changed(self, _items: object = None) -> None:
         self.dirty.set()
 
     def run(self) -> None:
-        while not self.stop.is_set():
+        while not self.stopping.is_set():
             if not self.dirty.wait(1.0):
                 continue
             self.dirty.clear()
@@ -75,7 +75,7 @@ class Labeller:
                 self.dirty.set()  # try again at the next round
             if changes:
                 log.info("labeller: set %s on %d node(s)", self._label, len(changes))
-            self.stop.wait(self._interval)
+            self.stopping.wait(self._interval)
 
     def start(self) -> threading.Thread:
         thread = threading.Thread(target=self.run, name="node-labeller", daemon=True)
