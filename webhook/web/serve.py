@@ -255,6 +255,9 @@ def _https_config(app: WebhookApp, server: ServerSettings, tls: ReloadingTLS, *,
         lifespan="off",
         access_log=False,
         server_header=False,
+        # No proxy stands between the API server and us: X-Forwarded-For from a loopback client is not read
+        # as the client's address (and uvicorn's middleware is not run on every request).
+        proxy_headers=False,
         log_config=None,
         # Endpoints are removed from the Service before SIGTERM reaches us (preStop); finish what is in flight.
         timeout_graceful_shutdown=10,
@@ -283,6 +286,7 @@ def _metrics_server(server: ServerSettings, metrics: Metrics) -> uvicorn.Server 
             lifespan="off",
             access_log=False,
             server_header=False,
+            proxy_headers=False,
             log_config=None,
         )
     )
