@@ -6,7 +6,7 @@ CERTS   = certs/dev
 HOST   ?= 127.0.0.1
 PORT   ?= 8443
 
-.PHONY: run test lint typecheck imports pytest bench bench-micro bench-nodes clean go-tools
+.PHONY: run test lint typecheck imports pytest bench bench-micro bench-nodes bench-profile clean go-tools
 
 $(BIN)/copilot-webhook: pyproject.toml requirements/images.lock
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,10 @@ pytest: $(BIN)/copilot-webhook
 
 bench-micro: $(BIN)/copilot-webhook
 	$(BIN)/python bench/plan_bench.py
+
+# Where one request's CPU goes: the server under wrk load, profiled by py-spy and sorted into parts.
+bench-profile: $(BIN)/copilot-webhook
+	$(BIN)/python bench/profile.py
 
 # The node cache at scale: make bench-nodes NODES=65000
 NODES ?= 5000
