@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
 
 import orjson
@@ -145,3 +147,91 @@ def test_preview_errors(body: bytes, content_type: str, query: str, status: int,
     res = _preview(body, content_type, query)
     assert res.status_code == status
     assert message in res.json()["error"]
+
+
+# --- the gate in front of FastAPI: a worker, the body's limit and deadline -------------------------------------
+
+
+def _gated(app: WebhookApp, receive: Any, content_type: str = "application/json") -> list[dict[str, Any]]:
+    """POST /preview straight through the ASGI app, with this receive; what the app sent."""
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/preview",
+        "raw_path": b"/preview",
+        "query_string": b"",
+        "headers": [(b"content-type", content_type.encode())],
+    }
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    asyncio.run(app(scope, receive, send))
+    return sent
+
+
+async def _unread() -> dict[str, Any]:
+    raise AssertionError("the body was read")
+
+
+def _requests(result: str) -> str:
+    return f'copilot_webhook_requests_total{{path="/preview",result="{result}"}} 1.0'
+
+
+def test_a_busy_preview_is_refused_with_retry_after_before_its_body_is_read() -> None:
+    app = WebhookApp(build_settings({}))
+    held = [app.previewer.take() for _ in range(app.previewer.slots)]
+    start, body = _gated(app, _unread)
+    assert start["status"] == 503
+    assert (b"retry-after", b"1") in start["headers"]
+    assert "preview.concurrency" in orjson.loads(body["body"])["error"]
+    assert _requests("busy") in call(app, "GET", "/metrics").text
+    for worker in held:
+        assert worker is not None
+        app.previewer.give_back(worker)
+    assert call(app, "POST", "/preview", POD_YAML, content_type="application/yaml").status_code == 200
+
+
+def test_a_preview_body_late_past_the_deadline_is_408_and_gives_its_worker_back() -> None:
+    app = WebhookApp(build_settings({"server": {"deadlineSeconds": 0.2}}))
+
+    async def never() -> dict[str, Any]:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    started = time.monotonic()
+    start, body = _gated(app, never)
+    assert start["status"] == 408
+    assert orjson.loads(body["body"]) == {"error": "body not received within server.deadlineSeconds (0.2 s)"}
+    assert time.monotonic() - started < 2
+    metrics = call(app, "GET", "/metrics").text
+    assert _requests("timeout") in metrics
+    assert "copilot_webhook_previews_in_flight 0.0" in metrics
+    assert app.previewer.take() is not None, "the worker was given back"
+
+
+def test_a_client_gone_mid_preview_body_is_counted_and_gives_its_worker_back() -> None:
+    app = WebhookApp(build_settings({}))
+    sequence: list[dict[str, Any]] = [
+        {"type": "http.request", "body": b"{", "more_body": True},
+        {"type": "http.disconnect"},
+    ]
+    messages = iter(sequence)
+
+    async def leaving() -> dict[str, Any]:
+        return next(messages)
+
+    assert _gated(app, leaving) == []
+    assert _requests("client_gone") in call(app, "GET", "/metrics").text
+    assert app.previewer.take() is not None
+
+
+def test_the_gate_reads_the_settings_a_reload_put_in_place() -> None:
+    app = WebhookApp(build_settings({}))
+    app.settings = build_settings({"preview": {"maxBodyBytes": 4096}})
+    res = call(app, "POST", "/preview", b"x" * 5000, content_type="application/json")
+    assert res.status_code == 413
+    assert "preview.maxBodyBytes (4096)" in res.json()["error"]
+    app.settings = build_settings({"preview": {"enabled": False}})
+    assert call(app, "POST", "/preview", POD_YAML, content_type="application/yaml").status_code == 404
