@@ -55,7 +55,9 @@ class ClusterView:
         self.namespaces = NamespaceCache(core.list_namespace, **informer_options)
         self.labeller: Labeller | None = None
         if label is not None:
-            self.labeller = Labeller(lambda: self.nodes.snapshot.nodes, core.patch_node, label, labeller_interval)
+            self.labeller = Labeller(
+                lambda: self.nodes.snapshot.nodes, core.patch_node, label, interval=labeller_interval
+            )
             self.nodes.listeners.append(self.labeller.changed)
 
     def start(self) -> None:

@@ -55,6 +55,7 @@ class Labeller:
         nodes: Callable[[], Mapping[str, NodeFacts]],
         patch_node: Callable[..., Any],
         label: str,
+        *,
         interval: float = 10.0,
     ) -> None:
         self._nodes, self._patch, self._label, self._interval = nodes, patch_node, label, interval

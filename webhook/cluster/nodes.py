@@ -27,7 +27,7 @@ def _runtime_version(obj: objects.Node) -> Any:
 
 
 def _held_unchanged(
-    held: Mapping[str, NodeFacts] | None, name: Any, labels: dict[str, Any], version: Any, kept: Mapping[str, str]
+    held: Mapping[str, NodeFacts] | None, name: Any, labels: dict[str, Any], *, version: Any, kept: Mapping[str, str]
 ) -> NodeFacts | None:
     """The facts held for the node when projecting it again would give equal facts, else None."""
     old = held.get(name) if held is not None and isinstance(name, str) else None
@@ -55,7 +55,7 @@ def project_node(
         else NO_ANNOTATIONS
     )
     name = metadata.get("name")
-    old = _held_unchanged(held, name, labels, version, kept)
+    old = _held_unchanged(held, name, labels, version=version, kept=kept)
     if old is not None:
         return old
     return node_facts(version, (shapes or LabelShapes())(name if isinstance(name, str) else "", labels), kept)
@@ -87,7 +87,7 @@ class NodeCache:
             "node",
             list_call,
             lambda obj: project_node(obj, self.shapes, self.informer.items),
-            self._changed,
+            on_change=self._changed,
             **informer_options,
         )
 
