@@ -341,6 +341,23 @@ def test_a_body_trickled_after_the_answer_meets_the_deadline_too(hardened: tuple
     assert closed_after < 2
 
 
+def test_a_mount_without_a_path_is_no_internal_error(caplog: pytest.LogCaptureFixture) -> None:
+    """Mutating webhooks see a pod before the API server validates it: a volumeMount without its
+    mountPath (or with a name that is not a string) must neither crash the plan nor log a traceback."""
+    obj = pod("flyte-1.15-bare.yaml")
+    for container in obj["spec"]["containers"]:
+        for mount in container.get("volumeMounts", []):
+            mount.pop("mountPath")
+        container.setdefault("volumeMounts", []).append({"name": ["not", "a", "string"], "mountPath": "/x"})
+    with caplog.at_level("ERROR"):
+        res = post_json(WebhookApp(build_settings({})), "/mutate", review(obj))
+    assert res.status_code == 200
+    answer = res.json()["response"]
+    assert answer["allowed"] is True
+    assert not [r for r in caplog.records if r.levelname == "ERROR"], [r.getMessage() for r in caplog.records]
+    assert all("internal error" not in w for w in answer.get("warnings", []))
+
+
 def test_an_answer_is_one_tls_record_and_head_requests_and_100_continue_still_flow(
     hardened: tuple[Server, int],
 ) -> None:

@@ -169,7 +169,12 @@ def _mounts(c: Container) -> list[tuple[str, str]]:
     mounts = c.body.get("volumeMounts")
     if type(mounts) is not list:
         return []
-    return [(m["name"], m["mountPath"]) for m in mounts if type(m) is dict and type(m.get("name")) is str]
+    # A mount without a string name or path (the API server refuses it after admission) mounts nothing.
+    return [
+        (m["name"], m["mountPath"])
+        for m in mounts
+        if type(m) is dict and type(m.get("name")) is str and type(m.get("mountPath")) is str
+    ]
 
 
 def data_volumes(copilot: Copilot) -> set[str]:
