@@ -136,6 +136,7 @@ def next_state(
     secret: Mapping[str, bytes] | None,
     published: bytes | None,
     names: Sequence[str],
+    *,
     now: datetime,
     days: int,
 ) -> State:

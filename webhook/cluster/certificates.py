@@ -189,7 +189,7 @@ class CertificateManager:
         for _ in range(attempts):
             secret, version = self.read_secret()
             config = self.read_webhook_config()
-            state = next_state(secret, self.published(config), self.names, now or datetime.now(UTC), self.days)
+            state = next_state(secret, self.published(config), self.names, now=now or datetime.now(UTC), days=self.days)
             if state.changed and not self._write_secret(state, version):
                 continue
             if not self._patch_bundle(config, state.bundle):
@@ -213,7 +213,9 @@ def write_files(out: Path, state: State) -> None:
             write_atomic(out / name, data, mode)
 
 
-def handshake_verifies(address: tuple[str, int], server_name: str, bundle: bytes, timeout: float = 5.0) -> str | None:
+def handshake_verifies(
+    address: tuple[str, int], server_name: str, bundle: bytes, *, timeout: float = 5.0
+) -> str | None:
     """None when a TLS handshake with `address` verifies `server_name` against `bundle` (what the API
     server does); otherwise why not."""
     context = ssl.create_default_context(cadata=bundle.decode())
