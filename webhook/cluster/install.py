@@ -71,7 +71,7 @@ class Check:
     detail: str
 
 
-def _post(address: tuple[str, int], server_name: str, bundle: bytes, path: str, body: bytes, kind: str) -> Any:
+def _post(address: tuple[str, int], server_name: str, bundle: bytes, *, path: str, body: bytes, kind: str) -> Any:
     context = ssl.create_default_context(cadata=bundle.decode())
     connection = http.client.HTTPSConnection(server_name, address[1], timeout=10, context=context)
     # Dial the given address, verify the certificate for the Service's name (what the API server does).
@@ -94,7 +94,7 @@ def verify(api: client.ApiClient, name: str, address: tuple[str, int] | None = N
         )
         config = orjson.loads(response.data)
     except ApiException as exc:
-        return [Check("webhook configuration", False, f"cannot read {name}: {exc.status} {exc.reason}")]
+        return [Check("webhook configuration", ok=False, detail=f"cannot read {name}: {exc.status} {exc.reason}")]
     checks: list[Check] = []
     target = None
     for hook in config.get("webhooks") or ():
@@ -130,32 +130,36 @@ def _hook_check(
     server_name = f"{service.get('name')}.{service.get('namespace')}.svc"
     dial = address or (server_name, int(service.get("port") or 443))
     if not bundle:
-        return Check(hook["name"], False, "no caBundle published: the API server cannot call it"), None
-    check = _review_check(hook["name"], dial, server_name, bundle, service.get("path") or "/", _REVIEW)
+        return Check(hook["name"], ok=False, detail="no caBundle published: the API server cannot call it"), None
+    check = _review_check(
+        hook["name"], dial, server_name, bundle=bundle, path=service.get("path") or "/", review=_REVIEW
+    )
     return check, (dial, server_name, bundle)
 
 
 def _review_check(
-    name: str, dial: tuple[str, int], server_name: str, bundle: bytes, path: str, review: dict[str, Any]
+    name: str, dial: tuple[str, int], server_name: str, *, bundle: bytes, path: str, review: dict[str, Any]
 ) -> Check:
     try:
-        status, body = _post(dial, server_name, bundle, path, orjson.dumps(review), "application/json")
+        status, body = _post(dial, server_name, bundle, path=path, body=orjson.dumps(review), kind="application/json")
         response = orjson.loads(body).get("response") or {}
     except (OSError, ssl.SSLError, orjson.JSONDecodeError, http.client.HTTPException, AttributeError) as exc:
-        return Check(name, False, f"https://{server_name}{path}: {type(exc).__name__}: {exc}")
+        return Check(name, ok=False, detail=f"https://{server_name}{path}: {type(exc).__name__}: {exc}")
     if status != 200 or response.get("uid") != "copilot-webhook-verify" or response.get("allowed") is not True:
-        return Check(name, False, f"https://{server_name}{path}: HTTP {status}: {body[:300]!r}")
+        return Check(name, ok=False, detail=f"https://{server_name}{path}: HTTP {status}: {body[:300]!r}")
     patched = "a patch" if response.get("patch") else "no patch"
-    return Check(name, True, f"https://{server_name}{path} answered the review ({patched}), TLS verified")
+    return Check(name, ok=True, detail=f"https://{server_name}{path} answered the review ({patched}), TLS verified")
 
 
 def _preview_check(dial: tuple[str, int], server_name: str, bundle: bytes) -> Check:
     try:
-        status, body = _post(dial, server_name, bundle, "/preview", orjson.dumps(SAMPLE_POD), "application/json")
+        status, body = _post(
+            dial, server_name, bundle, path="/preview", body=orjson.dumps(SAMPLE_POD), kind="application/json"
+        )
     except (OSError, ssl.SSLError, http.client.HTTPException) as exc:
-        return Check("preview", False, f"https://{server_name}/preview: {type(exc).__name__}: {exc}")
+        return Check("preview", ok=False, detail=f"https://{server_name}/preview: {type(exc).__name__}: {exc}")
     if status == 404:
-        return Check("preview", True, "preview.enabled is false: /preview answers 404")
+        return Check("preview", ok=True, detail="preview.enabled is false: /preview answers 404")
     if status != 200:
-        return Check("preview", False, f"https://{server_name}/preview: HTTP {status}: {body[:300]!r}")
-    return Check("preview", True, f"https://{server_name}/preview answered ({len(body)} bytes)")
+        return Check("preview", ok=False, detail=f"https://{server_name}/preview: HTTP {status}: {body[:300]!r}")
+    return Check("preview", ok=True, detail=f"https://{server_name}/preview answered ({len(body)} bytes)")
