@@ -143,7 +143,7 @@ def _plan_timings(cache: Any) -> list[str]:
     ):
 
         def once(pod: dict[str, Any] = pod) -> None:
-            plan(pod, facts, settings, (PULLER,))
+            plan(pod, facts, settings, kinds=(PULLER,))
 
         seconds = statistics.median(timeit.repeat(once, number=50, repeat=5))
         lines.append(f"| {label} | {seconds / 50 * 1e6:,.0f} µs |")

@@ -53,7 +53,7 @@ def main() -> None:
     print(f"pod: {len(orjson.dumps(pod))} bytes of JSON, {len(pod['spec']['containers'])} containers")
     print("| case | containers | median µs | µs per container |")
     print("|---|---:|---:|---:|")
-    base = median_us(lambda: plan(pod, facts, settings, (PTRACE,)), args.repeat)
+    base = median_us(lambda: plan(pod, facts, settings, kinds=(PTRACE,)), args.repeat)
     print(f"| Flyte 1.15 pod, ptrace add | 3 | {base:.1f} | {base / 3:.1f} |")
     both = median_us(lambda: plan(pod, facts, settings), args.repeat)
     print(f"| Flyte 1.15 pod, ptrace add and image puller (/mutate) | 3 | {both:.1f} | {both / 3:.1f} |")
@@ -61,7 +61,7 @@ def main() -> None:
     print(f"| (for scale: orjson.loads of the whole review) | | {loads:.1f} | |")
     for n in (10, 50, 100, 200):
         wide = wide_pod(pod, n)
-        us = median_us(lambda wide=wide: plan(wide, facts, settings, (PTRACE,)), args.repeat)
+        us = median_us(lambda wide=wide: plan(wide, facts, settings, kinds=(PTRACE,)), args.repeat)
         print(f"| wide copilot pod, ptrace add | {n + 1} | {us:.1f} | {us / (n + 1):.2f} |")
 
 

@@ -71,7 +71,7 @@ def test_other_capabilities(name: str) -> None:
 
 
 def _decide(pod: dict[str, Any], labels: dict[str, str] | None = None, **settings: Any) -> Plan:
-    return plan(pod, Facts(RequestFacts("ns"), cluster_facts(labels)), build_settings(settings), (PTRACE,))
+    return plan(pod, Facts(RequestFacts("ns"), cluster_facts(labels)), build_settings(settings), kinds=(PTRACE,))
 
 
 def _ops(decided: Plan) -> list[Operation]:

@@ -59,7 +59,7 @@ def _plan(obj: dict[str, Any], context: dict[str, Any]) -> tuple[Plan, Settings]
         namespace, runtime=context.get("request", {}).get("runtime"), node=context.get("request", {}).get("node")
     )
     kinds = tuple(context.get("kinds", KINDS))
-    return plan(obj, Facts(request, cluster), settings, kinds), settings
+    return plan(obj, Facts(request, cluster), settings, kinds=kinds), settings
 
 
 def _check(path: Path, actual: str) -> None:

@@ -77,7 +77,7 @@ def test_every_pod_the_server_would_change_is_sent(variant: str) -> None:
         for hook, kind in HOOKS.items():
             if hook not in programs:
                 continue
-            decided = plan(pod, Facts(RequestFacts(namespace)), settings, (kind,))
+            decided = plan(pod, Facts(RequestFacts(namespace)), settings, kinds=(kind,))
             if decided.changes or decided.undecided:
                 checked += 1
                 assert _sent(programs[hook], pod), f"{variant}: {hook} would change {name} but is not sent it"
@@ -106,7 +106,7 @@ def test_the_flyte_owned_clauses_match_the_server_exactly() -> None:
     for labels in ({}, {"execution-id": "e"}, {"execution-id": "e", "node-id": "n"}):
         for owner in variants.values():
             pod = dict(base, metadata=dict(base["metadata"], labels=labels, ownerReferences=[owner]))
-            changes = bool(plan(pod, Facts(RequestFacts("ns")), settings, (PTRACE,)).changes)
+            changes = bool(plan(pod, Facts(RequestFacts("ns")), settings, kinds=(PTRACE,)).changes)
             assert _sent(program, pod) == changes, (labels, owner)
 
 
@@ -171,7 +171,7 @@ def test_the_drop_policy_rejects_exactly_what_the_webhook_would_change_and_nothi
     denied_before = 0
     for name, pod in PODS_BY_NAME.items():
         namespace = pod.get("metadata", {}).get("namespace", "default")
-        decided = plan(pod, Facts(RequestFacts(namespace)), settings, (PTRACE,))
+        decided = plan(pod, Facts(RequestFacts(namespace)), settings, kinds=(PTRACE,))
         if decided.undecided:
             continue
         after = apply(pod, [c.op for c in decided.changes]) if decided.changes else pod
@@ -196,7 +196,7 @@ def test_the_drop_policy_reads_capability_names_as_the_runtimes_do() -> None:
         pod = copy.deepcopy(base)
         for container in pod["spec"]["containers"]:
             container["securityContext"] = {"capabilities": capabilities}
-        changes = bool(plan(pod, Facts(RequestFacts("ns")), settings, (PTRACE,)).changes)
+        changes = bool(plan(pod, Facts(RequestFacts("ns")), settings, kinds=(PTRACE,)).changes)
         assert _denied("drop", pod) == held == changes, capabilities
     opted_out = copy.deepcopy(base)
     opted_out["metadata"].setdefault("annotations", {})["copilot-webhook.io/inject"] = "false"

@@ -107,7 +107,7 @@ CONTAINER_PATH = re.compile(r"^/spec/(containers|initContainers|ephemeralContain
 
 
 def _answer(pod: dict[str, Any], cfg: Settings, kinds: tuple[str, ...] = KINDS) -> dict[str, Any]:
-    return dict(response("uid", plan(pod, FACTS, cfg, kinds), cfg))
+    return dict(response("uid", plan(pod, FACTS, cfg, kinds=kinds), cfg))
 
 
 def _effective_ptrace(container: dict[str, Any]) -> bool:

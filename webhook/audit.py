@@ -71,7 +71,7 @@ def audit(pods: Iterable[Pod], namespace_labels: Mapping[str, Mapping[str, str]]
         changes: tuple[str, ...] = ()
         decision = "-"
         try:
-            decided = plan(pod, facts, settings, (PTRACE,))
+            decided = plan(pod, facts, settings, kinds=(PTRACE,))
         except PodShapeError as exc:
             undecided: str | None = f"unreadable: {exc}"
         else:

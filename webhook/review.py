@@ -138,7 +138,7 @@ def plan_or_undecided(pod: Any, facts: Facts, settings: Settings, *, kinds: Coll
     """The plan; a pod we cannot read is a bad request naming `where`; a bug is logged with its traceback and
     answered as undecided, so failurePolicy decides and no HTTP error ever answers a well-formed request."""
     try:
-        return plan(pod, facts, settings, kinds)
+        return plan(pod, facts, settings, kinds=kinds)
     except PodShapeError as exc:
         raise RequestError(400, f"{where}: {exc}") from None
     except Exception as exc:

@@ -106,7 +106,7 @@ def _record(out: Plan, view: PodView) -> None:
         out.warnings.append(f"shadow mode: {len(out.changes)} patch operation(s) computed but not applied")
 
 
-def plan(pod: Any, facts: Facts, settings: Settings, kinds: Collection[str] = KINDS) -> Plan:
+def plan(pod: Any, facts: Facts, settings: Settings, *, kinds: Collection[str] = KINDS) -> Plan:
     view = read_pod(pod)
     cluster = facts.cluster
     opted_out = _opted_out(view, cluster)
