@@ -4,17 +4,16 @@ and interactive docs at /docs from the package's own Swagger UI assets (fastapi-
 without internet access.
 
 Admission, health, readiness and metrics stay on the plain ASGI path (server.py): a framework's no-op
-route serves fewer requests per second than our whole /mutate (docs/performance.md). The server reads a
-preview's body (its limits and deadline) before FastAPI sees the request; errors keep the API's
-`{"error": "..."}` form and 4xx statuses.
+route serves fewer requests per second than our whole /mutate (docs/performance.md). A preview's worker,
+body limit and deadline are the gate's (middleware.py), in front of this app; the endpoint gets what the
+gate admitted through a dependency. Errors keep the API's `{"error": "..."}` form and 4xx statuses.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Annotated
 
-from fastapi import FastAPI, Query, Request
+from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
@@ -25,6 +24,7 @@ from webhook import __version__
 from webhook.errors import RequestError
 from webhook.objects import JSONObject
 from webhook.preview.render import PreviewQuery, query_error
+from webhook.web.middleware import Admitted, admitted, error_response
 
 PATHS = ("/preview", "/openapi.json", "/docs", "/docs/oauth2-redirect")
 STATIC = "/static-offline-docs/"
@@ -33,22 +33,17 @@ PREVIEW_ANSWER = (
     "JSON (per object: patch, object, changes with reasons, warnings, runtime), YAML, a JSON Patch or a "
     "unified diff, per `output`"
 )
-RunPreview = Callable[[Request, bytes, PreviewQuery], Awaitable[tuple[bytes, str]]]
-
-
-def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status, headers=headers)
 
 
 def _invalid(request: Request, exc: Exception) -> JSONResponse:
     """A query FastAPI refused, worded as the command line's `preview` words it."""
     assert isinstance(exc, RequestValidationError)
-    return _error(400, query_error(exc.errors()))
+    return error_response(400, query_error(exc.errors()))
 
 
 def _request_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestError)
-    return _error(exc.status, exc.message, {"retry-after": "1"} if exc.status == 503 else None)
+    return error_response(exc.status, exc.message)
 
 
 def _http_error(request: Request, exc: Exception) -> JSONResponse:
@@ -57,11 +52,12 @@ def _http_error(request: Request, exc: Exception) -> JSONResponse:
         # Starlette names the route's methods, from a set (in no fixed order): sorted, so the answer is stable.
         allowed = (exc.headers or {}).get("Allow", "")
         allow = ", ".join(sorted(m.strip() for m in allowed.split(",") if m.strip())) or "GET, HEAD"
-        return _error(405, f"{request.url.path} takes {allow}, not {request.method}", {"allow": allow})
-    return _error(exc.status_code, str(exc.detail))
+        return error_response(405, f"{request.url.path} takes {allow}, not {request.method}", {"allow": allow})
+    return error_response(exc.status_code, str(exc.detail))
 
 
-def build(run_preview: RunPreview) -> FastAPI:
+def build() -> FastAPI:
+    """The FastAPI app; POST /preview answers only behind PreviewGate (middleware.py), which admits it."""
     app = FastAPIOffline(
         title="copilot-webhook",
         version=__version__,
@@ -102,9 +98,10 @@ def build(run_preview: RunPreview) -> FastAPI:
             }
         },
     )
-    async def preview(request: Request, query: Annotated[PreviewQuery, Query()]) -> Response:
-        # The server read the body under its limits and deadline; here it is replayed from memory.
-        content, content_type = await run_preview(request, await request.body(), query)
+    async def preview(
+        query: Annotated[PreviewQuery, Query()], entry: Annotated[Admitted, Depends(admitted)]
+    ) -> Response:
+        content, content_type = await entry.run(query)
         return Response(content, media_type=content_type)
 
     def openapi() -> JSONObject:

@@ -1,28 +1,25 @@
 """The HTTP adapter: a small ASGI application in front of the pure core.
 
-It alone checks methods, content types, body size and the read deadline, and maps RequestError to
-4xx JSON answers. A plain ASGI callable rather than FastAPI: the routes are fixed, there is no request
-model to validate (the envelope is checked by hand so the Pod is never round-tripped), and the framework
-layer cost a third of our throughput in the load benchmark (README, Performance).
+It checks methods, content types, body size and the read deadline (bodies.py) of admission, the probes
+and metrics, and maps RequestError to 4xx JSON answers. A plain ASGI callable rather than FastAPI: the
+routes are fixed, there is no request model to validate (the envelope is checked by hand so the Pod is
+never round-tripped), and the framework layer cost a third of our throughput in the load benchmark
+(README, Performance). /preview, /openapi.json and /docs it forwards, counting their answers, to the
+FastAPI app (api.py) behind the gate that admits a preview (middleware.py).
 """
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import orjson
-from fastapi import FastAPI, Request
 
 from webhook.config import Settings
-from webhook.errors import ClientGone, PreviewFailed, RequestError
+from webhook.errors import ClientGone, RequestError
 from webhook.mutation.plan import KINDS, PTRACE, PULLER
-from webhook.preview.render import PreviewQuery
 from webhook.preview.workers import FactsExport, Previewer, no_cluster_export
 from webhook.review import (
     NamespaceFacts,
@@ -39,6 +36,7 @@ from webhook.web.api import build as build_api
 from webhook.web.bodies import BodyDeadlines, media_type, read_body
 from webhook.web.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from webhook.web.metrics import Metrics
+from webhook.web.middleware import PreviewGate
 
 log = logging.getLogger(__name__)
 
@@ -46,10 +44,10 @@ Scope = dict[str, Any]
 Message = dict[str, Any]  # an ASGI event: http.request, http.disconnect, http.response.start or .body
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
+App = Callable[[Scope, Receive, Callable[[MutableMapping[str, Any]], Awaitable[None]]], Awaitable[None]]
 Readiness = Callable[[], str | None]  # None when ready, else why not
 
 JSON = "application/json"
-YAML_TYPES = ("application/yaml", "text/yaml", "application/x-yaml")
 MUTATE_PATHS: dict[str, Sequence[str]] = {
     "/mutate": KINDS,
     "/mutate/ptrace": (PTRACE,),
@@ -64,7 +62,6 @@ ROUTES = {
     "/readyz": "GET",
     "/metrics": "GET",
 }
-WORKER_KEY = "copilot-webhook.preview-worker"  # the worker taken for a preview, in the ASGI scope
 _RESULTS = {
     400: "bad_request",
     404: "not_found",
@@ -139,11 +136,17 @@ class WebhookApp:
         self.namespaces = namespaces
         self.readiness = list(readiness)
         self._latency = {path: self.metrics.latency.labels(path) for path in (*ROUTES, "/docs", "unknown")}
-        self.api = build_api(self._run_preview)
         self._deadlines = BodyDeadlines()
-        # Sized once: preview.concurrency takes effect at the next start. The threads only wait on the workers.
+        # Sized once: preview.concurrency takes effect at the next start.
         self.previewer = Previewer(settings.preview.concurrency, facts_export)
-        self._preview_waits = ThreadPoolExecutor(settings.preview.concurrency, thread_name_prefix="preview")
+        # /preview, /openapi.json and /docs: FastAPI, behind the gate that admits a preview (middleware.py).
+        self.api: App = PreviewGate(
+            build_api(),
+            settings=lambda: self.settings,
+            previewer=self.previewer,
+            deadlines=self._deadlines,
+            in_flight=self.metrics.previews_in_flight,
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -171,11 +174,7 @@ class WebhookApp:
     async def _served_by_api(self, scope: Scope, receive: Receive, send: Send, *, path: str, started: float) -> None:
         endpoint = path if path in ROUTES else "/docs"
         try:
-            status = await self._api(scope, receive, send, path=path)
-        except RequestError as exc:
-            answer = error(exc.status, exc.message, _RETRY_AFTER if exc.status == 503 else ())
-            await _send(send, answer)
-            status = answer.status
+            status = await _forward(self.api, scope, receive, send)
         except ClientGone:
             self.metrics.request(endpoint, "client_gone").inc()
             return
@@ -233,52 +232,6 @@ class WebhookApp:
             result = "patched" if "patch" in answer else ("denied" if not answer["allowed"] else "unchanged")
         return Answer(200, envelope(review.api_version, answer), result=result)
 
-    async def _api(self, scope: Scope, receive: Receive, send: Send, *, path: str) -> int | None:
-        """/preview, /openapi.json and /docs through FastAPI (api.py). For a preview the body is read here
-        first, under its limits and deadline, and a worker taken; the answer's status, for the metrics."""
-        if path == "/preview":
-            if not self.settings.preview.enabled:
-                raise RequestError(404, "no endpoint /preview: preview.enabled is false")
-            if scope["method"] == "POST":
-                return await self._preview(scope, receive, send)
-        return await _forward(self.api, scope, receive, send)
-
-    async def _preview(self, scope: Scope, receive: Receive, send: Send) -> int | None:
-        content_type = media_type(scope)
-        if content_type != JSON and content_type not in YAML_TYPES:
-            raise RequestError(
-                415, f"Content-Type must be {JSON} or application/yaml (text/yaml), got {content_type or 'none'!r}"
-            )
-        worker = self.previewer.take()
-        if worker is None:
-            raise RequestError(503, "previews are busy (preview.concurrency); try again in a second")
-        self.metrics.previews_in_flight.inc()
-        try:
-            settings = self.settings
-            body = await read_body(
-                scope,
-                receive,
-                self._deadlines,
-                limit=settings.preview.max_body_bytes,
-                limit_name="preview.maxBodyBytes",
-                seconds=settings.server.deadline_seconds,
-            )
-            extended = {**scope, WORKER_KEY: (worker, content_type, settings)}
-            return await _forward(self.api, extended, functools.partial(_replay, body), send)
-        finally:
-            self.previewer.give_back(worker)
-            self.metrics.previews_in_flight.dec()
-
-    async def _run_preview(self, request: Request, body: bytes, query: PreviewQuery) -> tuple[bytes, str]:
-        """The preview itself, in a worker process (preview/workers.py): admission reviews are answered meanwhile."""
-        worker, content_type, settings = request.scope[WORKER_KEY]
-        work = functools.partial(self.previewer.run, worker, body, content_type, query=query, settings=settings)
-        try:
-            result: tuple[bytes, str] = await asyncio.get_running_loop().run_in_executor(self._preview_waits, work)
-        except PreviewFailed as exc:
-            raise RequestError(exc.status, exc.message) from None
-        return result
-
 
 class MetricsApp:
     """GET /metrics and nothing else, for the plain-HTTP port (server.metricsPort): a scrape needs no client
@@ -305,7 +258,7 @@ async def _send(send: Send, answer: Answer) -> None:
     await send({"type": "http.response.body", "body": answer.body})
 
 
-async def _forward(app: FastAPI, scope: Scope, receive: Receive, send: Send) -> int | None:
+async def _forward(app: App, scope: Scope, receive: Receive, send: Send) -> int | None:
     """Let `app` answer; the status it sent, for the metrics (None: it sent none)."""
     status: list[int] = []
 
@@ -316,8 +269,3 @@ async def _forward(app: FastAPI, scope: Scope, receive: Receive, send: Send) -> 
 
     await app(scope, receive, sending)
     return status[0] if status else None
-
-
-async def _replay(body: bytes) -> Message:
-    """The preview's body, read under its limits and deadline before FastAPI saw the request."""
-    return {"type": "http.request", "body": body, "more_body": False}
