@@ -5,7 +5,9 @@ admission port and the plain metrics port alike. Every case ends with the server
 
 from __future__ import annotations
 
+import copy
 import functools
+import random
 import signal
 import socket
 import ssl
@@ -13,6 +15,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import orjson
@@ -24,6 +27,11 @@ from tests.asgi import call, post_json
 from tests.server_process import Server, client_context, free_port, running_server
 from tests.support import GOLDEN, eventually, load_yaml, pod, review
 from webhook.config import build_settings
+from webhook.mutation.errors import PodShapeError
+from webhook.mutation.facts import Facts, RequestFacts, cluster_facts
+from webhook.mutation.nodeindex import LabelShapes
+from webhook.mutation.plan import plan
+from webhook.mutation.runtime import node_facts
 from webhook.preview.render import PreviewQuery, preview
 from webhook.web.server import WebhookApp
 
@@ -356,6 +364,61 @@ def test_a_mount_without_a_path_is_no_internal_error(caplog: pytest.LogCaptureFi
     assert answer["allowed"] is True
     assert not [r for r in caplog.records if r.levelname == "ERROR"], [r.getMessage() for r in caplog.records]
     assert all("internal error" not in w for w in answer.get("warnings", []))
+
+
+_ODD_VALUES: list[Any] = [None, 1, -1, 1.5, True, "", "x", [], [None], [1], ["x"], [{}], {}, {"a": 1}]
+
+
+def _paths(obj: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
+    yield path
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, list) else ()
+    for key, value in items:
+        yield from _paths(value, (*path, key))
+
+
+def _spoiled(obj: dict[str, Any], rnd: random.Random) -> dict[str, Any]:
+    """The pod with one to three fields anywhere in it removed or replaced by a value of another type."""
+    obj = copy.deepcopy(obj)
+    paths = [p for p in _paths(obj) if p]
+    for _ in range(rnd.randint(1, 3)):
+        *parents, last = rnd.choice(paths)
+        parent: Any = obj
+        for key in parents:
+            parent = (
+                parent[key]
+                if isinstance(parent, (dict, list))
+                and key in (parent if isinstance(parent, dict) else range(len(parent)))
+                else None
+            )
+        if isinstance(parent, dict) and rnd.random() < 0.4:
+            parent.pop(last, None)
+        elif isinstance(parent, dict) or (isinstance(parent, list) and isinstance(last, int) and last < len(parent)):
+            parent[last] = copy.deepcopy(rnd.choice(_ODD_VALUES))
+    return obj
+
+
+def test_no_pod_shape_fails_the_plan_internally() -> None:
+    """Pods reach a mutating webhook before the API server validates them. Every golden and Flyte pod with
+    fields removed or of the wrong type is planned or refused with a PodShapeError naming the field (a 400),
+    never answered `internal error` (a bug, logged with a traceback). Found three: a mount without a path,
+    a volume named by a list, node affinity expressions that are not an array."""
+    pods = [load_yaml(p) for p in sorted(GOLDEN.glob("pods/*.yaml")) if "spec" in (load_yaml(p) or {})]
+    variants = [build_settings(s) for s in ({}, {"ptrace": {"mode": "drop"}}, {"ptrace": {"target": "sidecar"}})]
+    labels = LabelShapes()
+    nodes = {f"n{i}": node_facts("containerd://1.7.11", labels(f"n{i}", {"zone": "a"}), {}) for i in range(3)}
+    cluster = [Facts(RequestFacts("ns")), Facts(RequestFacts("ns"), cluster_facts({}, nodes))]
+    rnd = random.Random(20261130)
+    failures = []
+    for _ in range(3000):
+        obj = _spoiled(rnd.choice(pods), rnd)
+        for facts in cluster:
+            try:
+                plan(obj, facts, rnd.choice(variants))
+            except PodShapeError:
+                pass
+            except Exception as exc:
+                failures.append(f"{type(exc).__name__}: {exc}")
+    assert not failures, sorted(set(failures))[:5]
 
 
 def test_an_answer_is_one_tls_record_and_head_requests_and_100_continue_still_flow(

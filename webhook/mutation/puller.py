@@ -161,14 +161,15 @@ def socket_volume(runtime: Runtime) -> objects.Volume:
     return {"name": VOLUME_NAME, "hostPath": {"path": runtime.socket, "type": "Socket"}}
 
 
-def _volume_names(view: PodView) -> set[Any]:
+def _volume_names(view: PodView) -> set[str]:
     volumes = view.spec.get("volumes") or []
     if not isinstance(volumes, list):
         raise PodShapeError("spec.volumes must be an array")
-    return {v.get("name") for v in volumes if isinstance(v, dict)}
+    # Only a string can be a name of ours; anything else (a list: unhashable) is the API server's to refuse.
+    return {v["name"] for v in volumes if isinstance(v, dict) and isinstance(v.get("name"), str)}
 
 
-def _clash(container: bool, names: set[Any], recorded: bool) -> str | None:
+def _clash(container: bool, names: set[str], recorded: bool) -> str | None:
     """The name of ours the pod uses without our record of having put all of ours there, if any."""
     volume = VOLUME_NAME in names
     if (container or volume) and not (recorded and container and volume):

@@ -98,7 +98,8 @@ def _by_selector(snapshot: NodeSnapshot, selector: Mapping[str, str]) -> list[st
 
 def _by_first_in(snapshot: NodeSnapshot, term: objects.NodeSelectorTerm) -> list[str] | None:
     """The nodes carrying one of the values of the term's first `In` expression; None without one."""
-    for expr in term.get("matchExpressions") or ():
+    expressions = term.get("matchExpressions")
+    for expr in expressions if isinstance(expressions, list) else ():  # a malformed term is refused later
         if isinstance(expr, dict) and expr.get("operator") == "In" and isinstance(expr.get("values"), list):
             found: set[str] = set()
             for value in expr["values"]:
