@@ -40,3 +40,5 @@ MutatingWebhook: TypeAlias = JSONObject
 """admissionregistration/v1 MutatingWebhook: one webhook of the configuration."""
 PatchOperation: TypeAlias = JSONObject
 """An RFC 6902 JSON Patch operation."""
+AdmissionReview: TypeAlias = JSONObject
+"""admission.k8s.io/v1 AdmissionReview: a request the API server sends, or its response."""

@@ -106,7 +106,7 @@ def verify(api: client.ApiClient, name: str, address: tuple[str, int] | None = N
     return checks
 
 
-_REVIEW: dict[str, Any] = {
+_REVIEW: objects.AdmissionReview = {
     "apiVersion": "admission.k8s.io/v1",
     "kind": "AdmissionReview",
     "request": {
@@ -138,7 +138,7 @@ def _hook_check(
 
 
 def _review_check(
-    name: str, dial: tuple[str, int], server_name: str, *, bundle: bytes, path: str, review: dict[str, Any]
+    name: str, dial: tuple[str, int], server_name: str, *, bundle: bytes, path: str, review: objects.AdmissionReview
 ) -> Check:
     try:
         status, body = _post(dial, server_name, bundle, path=path, body=orjson.dumps(review), kind="application/json")
