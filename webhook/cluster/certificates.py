@@ -51,9 +51,10 @@ def own_namespace() -> str | None:
         return None
 
 
-def _raw(response: Any) -> dict[str, Any]:
+def _raw(response: Any) -> objects.JSONObject:
+    """The object an API call answered (a Secret, the webhook configuration), read as raw JSON."""
     try:
-        data: dict[str, Any] = orjson.loads(response.data)
+        data: objects.JSONObject = orjson.loads(response.data)
         return data
     finally:
         response.release_conn()

@@ -39,7 +39,7 @@ from webhook.cluster.errors import Gone
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-Project = Callable[[dict[str, Any]], T]
+Project = Callable[[objects.JSONObject], T]
 ListCall = Callable[..., Any]  # CoreV1Api.list_node / list_namespace
 
 PAGE_SIZE = 500
@@ -49,7 +49,7 @@ RELIST_PAGE_SIZE = 100  # a relist rests this long after each page, relative to 
 WATCH_SECONDS = 290  # the API server ends a watch at its own minRequestTimeout; we ask a little less
 TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io"
 # A Table row -> the object the projection reads (None: unreadable), given the column names in order.
-Rows = Callable[[dict[str, Any], list[str]], dict[str, Any] | None]
+Rows = Callable[[objects.TableRow, list[str]], objects.JSONObject | None]
 
 
 def list_pages(
@@ -134,7 +134,7 @@ class Informer(Generic[T]):
         if self._on_change is not None:
             self._on_change(self._items, changed)
 
-    def _apply(self, kind: str, obj: dict[str, Any]) -> None:
+    def _apply(self, kind: str, obj: objects.JSONObject) -> None:
         metadata = obj.get("metadata")
         name = metadata.get("name") if isinstance(metadata, dict) else None
         if not isinstance(name, str):
@@ -290,7 +290,7 @@ class Informer(Generic[T]):
             return None
         return kind, obj
 
-    def _unwrap(self, kind: str, obj: objects.WatchEvent) -> dict[str, Any] | None:
+    def _unwrap(self, kind: str, obj: objects.WatchEvent) -> objects.JSONObject | None:
         """The object of a Table event (a bookmark's Table carries only its version and columns)."""
         if obj.get("kind") != "Table":
             return obj
@@ -318,7 +318,7 @@ class Informer(Generic[T]):
         if isinstance(version, str) and version:
             self.resource_version = version
 
-    def _applied(self, kind: str, obj: dict[str, Any]) -> bool:
+    def _applied(self, kind: str, obj: objects.JSONObject) -> bool:
         if kind not in ("ADDED", "MODIFIED", "DELETED"):
             self.skipped_events += 1
             log.warning("%s cache: skipped a watch event of unknown type %r", self.name, kind)

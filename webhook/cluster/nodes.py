@@ -27,7 +27,12 @@ def _runtime_version(obj: objects.Node) -> Any:
 
 
 def _held_unchanged(
-    held: Mapping[str, NodeFacts] | None, name: Any, labels: dict[str, Any], *, version: Any, kept: Mapping[str, str]
+    held: Mapping[str, NodeFacts] | None,
+    name: Any,
+    labels: objects.JSONObject,
+    *,
+    version: Any,
+    kept: Mapping[str, str],
 ) -> NodeFacts | None:
     """The facts held for the node when projecting it again would give equal facts, else None."""
     old = held.get(name) if held is not None and isinstance(name, str) else None
