@@ -57,7 +57,7 @@ def cluster(api: FakeAPIServer) -> FakeAPIServer:
 def _manager(api: FakeAPIServer, tmp_path: Path, days: int = 90) -> CertificateManager:
     client = api_client(ClusterSettings(kubeconfig=str(api.kubeconfig(tmp_path / "kubeconfig"))))
     assert client is not None
-    return CertificateManager(client, "cw-tls", "flyte", "cw", "cw", days)
+    return CertificateManager(client, "cw-tls", "flyte", webhook_config="cw", service="cw", days=days)
 
 
 def _bundles(api: FakeAPIServer) -> list[bytes]:
@@ -249,7 +249,7 @@ def test_serve_keeps_its_own_certificate_and_checks_its_own_listener(cluster: Fa
         report = Report()
         listening = threading.Event()
         listening.set()
-        keeper = AdmissionKeeper(_manager(cluster, tmp_path), report, ("127.0.0.1", server.port), listening)
+        keeper = AdmissionKeeper(_manager(cluster, tmp_path), report, ("127.0.0.1", server.port), listening=listening)
         assert keeper.check() is None
         foreign = base64.b64encode(generate_ca("someone else").cert_pem).decode()
         for hook in cluster.store[MWC]["webhooks"]:  # behind the server's back: no watch event

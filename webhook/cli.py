@@ -243,7 +243,12 @@ def _certs_ensure(args: argparse.Namespace) -> int:
     try:
         api = _required_api(settings)
         manager = CertificateManager(
-            api, args.secret, namespace, args.webhook_config, args.service or args.webhook_config, args.days
+            api,
+            args.secret,
+            namespace,
+            webhook_config=args.webhook_config,
+            service=args.service or args.webhook_config,
+            days=args.days,
         )
         state = manager.ensure(Path(args.out) if args.out else None)
     except (ClusterAccessError, EnsureError) as exc:

@@ -62,7 +62,7 @@ def _raw(response: Any) -> objects.JSONObject:
 
 class CertificateManager:
     def __init__(
-        self, api: client.ApiClient, secret: str, namespace: str, webhook_config: str, service: str, days: int
+        self, api: client.ApiClient, secret: str, namespace: str, *, webhook_config: str, service: str, days: int
     ) -> None:
         self.core = client.CoreV1Api(api)
         self.admission = client.AdmissionregistrationV1Api(api)

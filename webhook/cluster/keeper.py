@@ -54,6 +54,7 @@ class AdmissionKeeper:
         manager: CertificateManager,
         report: Report,
         check_address: tuple[str, int],
+        *,
         listening: threading.Event,
         out: Path | None = None,
         bundle: bytes | None = None,

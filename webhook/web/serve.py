@@ -329,7 +329,9 @@ def _keeper(
         api = api_client(settings.cluster)
         if api is None or namespace is None:
             raise ClusterAccessError("--webhook-config needs cluster access and the pod's namespace ($POD_NAMESPACE)")
-        manager = CertificateManager(api, secret or "", namespace, webhook_config, service, days)
+        manager = CertificateManager(
+            api, secret or "", namespace, webhook_config=webhook_config, service=service, days=days
+        )
         if check_address is None:
             # Our own listener, as the API server would dial it: not whichever replica the Service picks.
             pod_ip = os.environ.get("POD_IP")
@@ -343,4 +345,4 @@ def _keeper(
     except Exception:
         log.exception("cannot ensure the serving certificate in %s", secret or webhook_config)
         return None
-    return AdmissionKeeper(manager, metrics, check_address, threading.Event(), out, bundle)
+    return AdmissionKeeper(manager, metrics, check_address, listening=threading.Event(), out=out, bundle=bundle)
