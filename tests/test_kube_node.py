@@ -17,7 +17,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
-import os
 import shutil
 import subprocess
 from collections.abc import Callable, Iterator
@@ -27,9 +26,9 @@ from pathlib import Path
 import pytest
 
 from tests.controlplane import ControlPlane
-from tests.daemons import dockerd, require
 from tests.kube_support import ChartPods, Kube, KubeError, Obj, Release, release, wait_for
-from tests.node import Node, NodeRegistry, node, node_registry, require_node, unmount_under
+from tests.node import Node, NodeRegistry, node_registry
+from tests.node_fixtures import build_images, running_node
 from tests.support import load_yaml
 
 NAMESPACE = "cwnode"  # the release's (never sent to the webhook)
@@ -43,18 +42,7 @@ STANDIN = Path(__file__).parent / "node" / "standin"
 
 @pytest.fixture(scope="module")
 def the_node(kube: ControlPlane) -> Iterator[Node]:
-    from tests.gotools import binary
-
-    require_node()
-    require("dockerd", "docker", "mmdebstrap", "skopeo", "umoci", "docker-registry", "htpasswd")
-    kubelet, controllers = binary("kubelet"), binary("kube-controller-manager")
-    # Short: unix socket paths (containerd's, the shims') are limited to 108 bytes.
-    work = Path(f"/tmp/cwn-{os.getpid()}")
-    try:
-        with node(kube, work, kubelet, controllers) as running:
-            yield running
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    yield from running_node(kube, "dockerd", "docker", "mmdebstrap", "skopeo", "umoci", "docker-registry", "htpasswd")
 
 
 @dataclass
@@ -66,36 +54,23 @@ class Images:
 @pytest.fixture(scope="module")
 def images(the_node: Node, tmp_path_factory: pytest.TempPathFactory) -> Images:
     """The Dockerfile's targets and the Flyte stand-ins, built by dockerd and imported into the node."""
-    from tests.test_images import _build_base, _context
+    from tests.test_images import _context
 
     work = tmp_path_factory.mktemp("node-images")
-    short = Path(f"/tmp/cwd-{os.getpid()}")
-    try:
-        with dockerd(short, storage="overlay2") as docker:
-            env = {**os.environ, "DOCKER_HOST": f"unix://{docker.socket}", "DOCKER_BUILDKIT": "0"}
-            base = _build_base(work, env)
-            context = _context(work)
-            tags = {"puller": "cw-test-puller:ci", "webhook": "cw-test-webhook:ci"}
-            for target, tag in tags.items():
-                subprocess.run(
-                    ["docker", "build", "--quiet", "--network", "host", "--target", target, "--tag", tag,
-                     "--build-arg", f"BASE={base}",
-                     "--build-arg", "PIP_INSTALL_OPTIONS=--no-index --find-links=/src/wheels", str(context)],
-                    check=True, capture_output=True, env=env, timeout=900,
-                )  # fmt: skip
-            standins = _build_standins(work, base, env)
-            archive = work / "images.tar"
+    tags = {"puller": "cw-test-puller:ci", "webhook": "cw-test-webhook:ci"}
+
+    def build(base: str, env: dict[str, str]) -> list[str]:
+        context = _context(work)
+        for target, tag in tags.items():
             subprocess.run(
-                ["docker", "save", "--output", str(archive), *tags.values(), *standins],
-                check=True,
-                capture_output=True,
-                env=env,
-                timeout=600,
-            )
-        the_node.import_image(archive)
-    finally:
-        unmount_under(short)  # dockerd leaves its exec-root's network namespace mounted
-        shutil.rmtree(short, ignore_errors=True)
+                ["docker", "build", "--quiet", "--network", "host", "--target", target, "--tag", tag,
+                 "--build-arg", f"BASE={base}",
+                 "--build-arg", "PIP_INSTALL_OPTIONS=--no-index --find-links=/src/wheels", str(context)],
+                check=True, capture_output=True, env=env, timeout=900,
+            )  # fmt: skip
+        return [*tags.values(), *_build_standins(work, base, env)]
+
+    build_images(the_node, work, build)
     return Images(f"docker.io/library/{tags['puller']}", f"docker.io/library/{tags['webhook']}")
 
 
