@@ -1,0 +1,467 @@
+"""Flyte's own flytecopilot in raw-container task pods on the real node (tests/node.py), each pod admitted
+through the chart-installed webhook in one of its SYS_PTRACE settings: `ptrace.mode: add` with the default
+`target: primary`, `add` with `target: sidecar` (the least-privilege choice: the watcher alone), and `drop`.
+
+The copilot is Flyte's flytecopilot at v1.15.3 and v1.16.8, built from the copy of Flyte's source in
+tests/flyte/copilot/ (tests/gotools.py: tools flytecopilot-1.15 and flytecopilot-1.16) and put on the
+stand-in base at /bin/flyte-copilot (tests/node/copilot/). Its blob store is flytestdlib's local stow store
+on a directory of the node (a hostPath volume): the test writes the task's inputs.pb there and reads the
+uploader's outputs.pb back.
+
+The pods are Flyte's: for 1.16.8 the pod Flyte's own code prints (tests/flyte/pods/v1.16/io.yaml: the
+uploader a native sidecar with the `signal` watcher); for 1.15.3 the hand-derived pod of that tag
+(tests/golden/flyte-src-1.15-io.yaml: the uploader a regular container with the `shared-process-ns`
+watcher, SYS_PTRACE on the primary, a shared process namespace). What is changed, and only that: the
+images are the locally built ones; the copilot's storage flags name the local store instead of S3, and
+the store's volume is mounted at /blob in the copilot's containers; the containers' resources are
+removed (Flyte asks for 1.5 CPUs per pod, and the node has 2, so only one pod at a time would be
+admitted); the pod is bound to the node. The 1.15.3 pod also gets the task and the interfaces of the
+1.16.8 pod (a circle's area from its radius; the hand-derived pod's interfaces are placeholders, not
+protobufs). The release's image puller is off: the images are on the node already, and the puller has
+tests of its own (tests/test_kube_node.py).
+
+The pods of each setting are created once the release runs in it (one replica answers at a time), and
+then all of them run at once; the tests read what each pod did: its phase, the outputs in the store, the
+copilot's log, and which containers of the stored pod hold SYS_PTRACE.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import re
+import shutil
+import struct
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+
+from tests.controlplane import ControlPlane
+from tests.kube_support import ChartPods, Kube, KubeError, Obj, release, wait_for
+from tests.node import Node
+from tests.node_fixtures import build_images, running_node
+from tests.support import load_yaml
+
+HERE = Path(__file__).parent
+FLYTE_1_16 = HERE / "flyte" / "pods" / "v1.16" / "io.yaml"
+FLYTE_1_15 = HERE / "golden" / "flyte-src-1.15-io.yaml"
+CONTEXT = HERE / "node" / "copilot"
+TAGS = {"1.15": "v1.15.3", "1.16": "v1.16.8"}  # Flyte's tag of each copy, tests/flyte/copilot/<tag>/
+COPILOT = "flyte-copilot-"
+UPLOADER = f"{COPILOT}uploader"
+RADIUS = 2.5
+NAMESPACE = "cwcp"  # the release's
+PODS = "cwcp-pods"
+# The release's `ptrace` values, by the name the cases use, in the order the pods are admitted: drop first,
+# whose 1.16 pod in the legacy shape is watched longest.
+SETTINGS: dict[str, Obj] = {
+    "drop": {"mode": "drop"},
+    "sidecar": {"mode": "add", "target": "sidecar"},
+    "add": {"mode": "add", "target": "primary"},
+}
+# How long a 1.16.8 uploader in the legacy shape is watched after the task has exited: the uploaders that
+# work upload within about 4 s of it.
+WAITS = 30.0
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    flyte: str  # 1.15 or 1.16
+    setting: str  # a key of SETTINGS
+    holders: tuple[str, ...]  # the containers holding SYS_PTRACE in the stored pod ("primary": the task's)
+    uploads: bool = True
+    legacy: bool = False  # a 1.16 pod with the uploader as a regular container (the 1.15 shape)
+    uid: int | None = None  # the task's runAsUser
+
+    @property
+    def pod(self) -> str:
+        return f"{self.name}-{self.setting}"
+
+
+CASES = (
+    # Flyte 1.15.3's own pod: the webhook's default leaves it as Flyte made it.
+    Case("flyte-115", "1.15", "add", ("primary",)),
+    Case("flyte-115", "1.15", "sidecar", (UPLOADER,)),
+    Case("flyte-115", "1.15", "drop", ()),
+    Case("flyte-115-uid", "1.15", "sidecar", (UPLOADER,), uid=1000),
+    Case("flyte-115-uid", "1.15", "drop", (), uid=1000),
+    # 1.16.8 asks for no capability, and no setting grants one to a pod without a legacy watcher.
+    Case("flyte-116", "1.16", "add", ()),
+    Case("flyte-116", "1.16", "sidecar", ()),
+    Case("flyte-116", "1.16", "drop", ()),
+    Case("flyte-116-legacy", "1.16", "drop", (), uploads=False, legacy=True),
+)
+
+
+def _id(case: Case) -> str:
+    return case.pod
+
+
+# --- the copilot's store: flytestdlib's local stow store, a directory per pod --------------------------
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def _message(number: int, payload: bytes) -> bytes:
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def literal_map(floats: dict[str, float]) -> bytes:
+    """flyteidl's core.LiteralMap of float scalars: literals (1) -> Literal.scalar (1) -> Scalar.primitive
+    (1) -> Primitive.float_value (2, a double)."""
+    out = b""
+    for name, value in floats.items():
+        primitive = _varint(2 << 3 | 1) + struct.pack("<d", value)
+        literal = _message(1, _message(1, primitive))
+        out += _message(1, _message(1, name.encode()) + _message(2, literal))
+    return out
+
+
+def _fields(data: bytes) -> list[tuple[int, bytes | int]]:
+    fields: list[tuple[int, bytes | int]] = []
+    offset = 0
+
+    def varint() -> int:
+        nonlocal offset
+        value = shift = 0
+        while True:
+            byte = data[offset]
+            offset += 1
+            value |= (byte & 0x7F) << shift
+            shift += 7
+            if not byte & 0x80:
+                return value
+
+    while offset < len(data):
+        key = varint()
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            fields.append((number, varint()))
+            continue
+        size = {1: 8, 5: 4}.get(wire) or varint()
+        fields.append((number, data[offset : offset + size]))
+        offset += size
+    return fields
+
+
+def _field(data: bytes, number: int) -> bytes:
+    (value,) = [v for n, v in _fields(data) if n == number]
+    assert isinstance(value, bytes)
+    return value
+
+
+def floats(data: bytes) -> dict[str, float]:
+    """The float scalars of a serialised core.LiteralMap (what literal_map writes)."""
+    out = {}
+    for number, entry in _fields(data):
+        assert number == 1
+        assert isinstance(entry, bytes)
+        primitive = _field(_field(_field(entry, 2), 1), 1)
+        out[_field(entry, 1).decode()] = struct.unpack("<d", _field(primitive, 2))[0]
+    return out
+
+
+def _store_path(store: Path, reference: str) -> Path:
+    """Where the local stow store keeps `s3://<container>/<key>`: <path>/<container>/<key>."""
+    parts = urlsplit(reference)
+    return store / parts.netloc / parts.path.lstrip("/")
+
+
+def _arg(container: Obj, flag: str) -> str:
+    args = container["args"]
+    return str(args[args.index(flag) + 1])
+
+
+# --- the pods -----------------------------------------------------------------------------------------
+
+
+@dataclass
+class Images:
+    copilot: dict[str, str]  # release line -> image
+    task: str
+
+
+def _local_storage(command: list[str]) -> list[str]:
+    """Flyte's storage flags with the S3 store swapped for the local one at /blob."""
+    out = []
+    for arg in command:
+        if arg.startswith("region="):
+            arg = "path=/blob"
+        elif arg == "--storage.stow.kind=s3":
+            arg = "--storage.stow.kind=local"
+        out.append(arg)
+    assert out.count("path=/blob") == 1, command
+    assert "--storage.stow.kind=local" in out, command
+    return out
+
+
+def _containers(spec: Obj) -> list[Obj]:
+    return [*(spec.get("initContainers") or []), *spec["containers"]]
+
+
+def task_pod(case: Case, the_node: Node, images: Images, store: Path) -> Obj:
+    pod: Obj = load_yaml(FLYTE_1_16 if case.flyte == "1.16" else FLYTE_1_15)
+    pod.pop("status", None)
+    pod["metadata"].pop("namespace")
+    pod["metadata"]["name"] = case.pod
+    spec = pod["spec"]
+    spec["nodeName"] = the_node.name
+    generated = {c["name"]: c for c in load_yaml(FLYTE_1_16)["spec"]["initContainers"]}
+    interfaces = {
+        "--interface": _arg(generated[UPLOADER], "--interface"),
+        "--input-interface": _arg(generated[f"{COPILOT}downloader"], "--input-interface"),
+    }
+    for container in _containers(spec):
+        container.pop("resources", None)
+        if not container["name"].startswith(COPILOT):
+            container["image"] = images.task
+            container["command"][0] = "./calculate-circle-area.sh"  # 1.15's pod names the ellipse's script
+            if case.uid is not None:
+                container.setdefault("securityContext", {})["runAsUser"] = case.uid
+            continue
+        container["image"] = images.copilot[case.flyte]
+        container["command"] = _local_storage(container["command"])
+        container["volumeMounts"].append({"name": "flyte-blob", "mountPath": "/blob"})
+        args = container["args"]
+        for flag, value in interfaces.items():
+            if flag in args:
+                args[args.index(flag) + 1] = value
+    spec["volumes"].append({"name": "flyte-blob", "hostPath": {"path": str(store), "type": "Directory"}})
+    if case.legacy:  # the uploader a regular container, as up to 1.15
+        (uploader,) = [c for c in spec["initContainers"] if c["name"] == UPLOADER]
+        spec["initContainers"].remove(uploader)
+        del uploader["restartPolicy"]
+        spec["containers"].append(uploader)
+    return pod
+
+
+# --- fixtures -----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def copilots() -> dict[str, Path]:
+    from tests.gotools import binary
+
+    return {line: binary(f"flytecopilot-{line}") for line in TAGS}
+
+
+@pytest.fixture(scope="module")
+def the_node(kube: ControlPlane, copilots: dict[str, Path]) -> Iterator[Node]:
+    yield from running_node(kube, "dockerd", "docker", "mmdebstrap")
+
+
+@pytest.fixture(scope="module")
+def images(the_node: Node, copilots: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Images:
+    work = tmp_path_factory.mktemp("copilot-images")
+    context = work / "context"
+    shutil.copytree(CONTEXT, context)
+    for line, path in copilots.items():
+        shutil.copy(path, context / f"flytecopilot-{line}")
+    copilot = {line: f"localhost/flyteorg/flytecopilot:{tag}" for line, tag in TAGS.items()}
+    task = "localhost/flyteorg/rawcontainers-shell:circle"
+
+    def build(base: str, env: dict[str, str]) -> list[str]:
+        targets = [("task", task, ())] + [
+            ("copilot", tag, ("--build-arg", f"BINARY=flytecopilot-{line}")) for line, tag in copilot.items()
+        ]
+        for target, tag, args in targets:
+            subprocess.run(
+                ["docker", "build", "--quiet", "--network", "none", "--target", target, "--tag", tag,
+                 "--build-arg", f"BASE={base}", *args, str(context)],
+                check=True, capture_output=True, env=env, timeout=300,
+            )  # fmt: skip
+        return [task, *copilot.values()]
+
+    build_images(the_node, work, build)
+    return Images(copilot, task)
+
+
+def _values(setting: str) -> Obj:
+    return {"ptrace": SETTINGS[setting], "imagePuller": {"enabled": False}}
+
+
+@pytest.fixture(scope="module")
+def webhook(kube_admin: Kube, the_node: Node, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChartPods]:
+    """The release, in the first setting; `runs` upgrades it to each of the others in turn."""
+    kube_admin.create_namespace(PODS)
+    work = tmp_path_factory.mktemp("copilot-webhook")
+    installed = release(kube_admin, NAMESPACE, work, _values(next(iter(SETTINGS))))
+    pods = ChartPods(installed, work / "pods")
+    pods.run("replica")
+    try:
+        yield pods
+    finally:
+        pods.stop()
+        installed.remove_webhooks()
+
+
+@dataclass
+class Run:
+    stored: Obj  # the pod as the API server stored it, after admission
+    final: Obj  # the pod when it was done
+    seconds: float  # from creation to done
+    outputs: bytes | None
+    errors: bytes | None
+    logs: dict[str, str]  # the copilot's containers'
+
+
+def _primary(pod: Obj) -> str:
+    (name,) = [str(c["name"]) for c in pod["spec"]["containers"] if not c["name"].startswith(COPILOT)]
+    return name
+
+
+def _terminated(pod: Obj, name: str) -> bool:
+    statuses = [*(pod["status"].get("initContainerStatuses") or []), *(pod["status"].get("containerStatuses") or [])]
+    return any(s["name"] == name and "terminated" in s["state"] for s in statuses)
+
+
+@pytest.fixture(scope="module")
+def runs(kube_admin: Kube, the_node: Node, images: Images, webhook: ChartPods) -> Iterator[dict[str, Run]]:
+    """Every case's pod, admitted in its setting (the release upgraded and its replica restarted between
+    settings, one replica answering at a time), all running at once, each followed until it is done:
+    Succeeded or Failed, or (a case that does not upload) still running WAITS s after the task exited."""
+    stores = {_id(c): the_node.work / "blob" / _id(c) for c in CASES}
+    pods = {_id(c): task_pod(c, the_node, images, stores[_id(c)]) for c in CASES}
+    for case in CASES:
+        downloader = next(c for c in pods[_id(case)]["spec"]["initContainers"] if c["name"].endswith("downloader"))
+        inputs = _store_path(stores[_id(case)], _arg(downloader, "--from-remote"))
+        inputs.parent.mkdir(parents=True)
+        inputs.write_bytes(literal_map({"radius": RADIUS}))
+    stored: dict[str, Obj] = {}
+    started: dict[str, float] = {}
+    try:
+        for index, setting in enumerate(SETTINGS):
+            if index:
+                webhook.release.upgrade(_values(setting))
+                webhook.run(f"replica-{setting}")
+            for case in (c for c in CASES if c.setting == setting):
+                started[_id(case)] = time.monotonic()
+                stored[_id(case)] = kube_admin.create_pod(PODS, pods[_id(case)])
+        yield _follow(kube_admin, the_node, stored, stores, started)
+    finally:
+        for case in CASES:
+            with contextlib.suppress(KubeError):
+                kube_admin.request("DELETE", f"/api/v1/namespaces/{PODS}/pods/{case.pod}", {"gracePeriodSeconds": 1})
+        paths = [f"/api/v1/namespaces/{PODS}/pods/{c.pod}" for c in CASES]
+        wait_for(lambda: not any(kube_admin.exists(p) for p in paths), timeout=60)
+
+
+def _follow(
+    kube: Kube, the_node: Node, stored: dict[str, Obj], stores: dict[str, Path], started: dict[str, float]
+) -> dict[str, Run]:
+    by_id = {_id(c): c for c in CASES}
+    done: dict[str, tuple[Obj, float]] = {}
+    exited: dict[str, float] = {}
+    deadline = time.monotonic() + 240
+    while len(done) < len(CASES) and time.monotonic() < deadline:
+        time.sleep(0.5)
+        for key, case in by_id.items():
+            if key in done:
+                continue
+            pod = kube.get(f"/api/v1/namespaces/{PODS}/pods/{case.pod}")
+            now = time.monotonic()
+            if case.uploads:
+                if pod["status"].get("phase") in ("Succeeded", "Failed"):
+                    done[key] = (pod, now - started[key])
+                continue
+            if _terminated(pod, _primary(pod)):
+                exited.setdefault(key, now)
+                if now - exited[key] >= WAITS or pod["status"].get("phase") in ("Succeeded", "Failed"):
+                    done[key] = (pod, now - started[key])
+    runs = {}
+    for key, case in by_id.items():
+        pod, seconds = done.get(key) or (kube.get(f"/api/v1/namespaces/{PODS}/pods/{case.pod}"), -1.0)
+        upload = next(c for c in _containers(stored[key]["spec"]) if c["name"] == UPLOADER)
+        prefix = _store_path(stores[key], _arg(upload, "--to-output-prefix"))
+        logs = {
+            c["name"]: the_node.container_log(PODS, case.pod, c["name"])
+            for c in _containers(stored[key]["spec"])
+            if c["name"].startswith(COPILOT)
+        }
+        outputs, errors = prefix / "outputs.pb", prefix / "errors.pb"
+        runs[key] = Run(
+            stored[key],
+            pod,
+            seconds,
+            outputs.read_bytes() if outputs.exists() else None,
+            errors.read_bytes() if errors.exists() else None,
+            logs,
+        )
+    return runs
+
+
+def _explain(run: Run) -> str:
+    logs = "\n".join(f"--- {name} ---\n{text[-3000:]}" for name, text in run.logs.items())
+    return f"after {run.seconds:.0f} s: {run.final['status']}\nerrors.pb: {run.errors!r}\n{logs}"
+
+
+def _complaints(log: str) -> list[str]:
+    """The warnings and errors in a copilot's log (flytestdlib's JSON lines, or logrus's text ones)."""
+    return [line for line in log.splitlines() if re.search(r'level(=|":")(warn|warning|error|fatal|panic)\b', line)]
+
+
+def _holders(pod: Obj) -> list[str]:
+    primary = _primary(pod)
+    out = []
+    for container in _containers(pod["spec"]):
+        added = container.get("securityContext", {}).get("capabilities", {}).get("add") or []
+        if "SYS_PTRACE" in added:
+            out.append("primary" if container["name"] == primary else container["name"])
+    return out
+
+
+# --- the tests ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", CASES, ids=_id)
+def test_sys_ptrace_is_held_where_the_setting_puts_it(case: Case, runs: dict[str, Run]) -> None:
+    stored = runs[_id(case)].stored
+    assert _holders(stored) == list(case.holders)
+    # Flyte's shared process namespace is left as Flyte set it (up to 1.15 only), in every setting.
+    assert stored["spec"].get("shareProcessNamespace") is (True if case.flyte == "1.15" else None)
+    mutated = stored["metadata"].get("annotations", {}).get("copilot-webhook.io/mutated")
+    changed = case.flyte == "1.15" and case.setting != "add"
+    assert mutated == ({"sidecar": "ptrace=add:sidecar", "drop": "ptrace=drop"}[case.setting] if changed else None)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.uploads], ids=_id)
+def test_the_uploader_sees_the_task_exit_and_uploads_its_outputs(case: Case, runs: dict[str, Run]) -> None:
+    run = runs[_id(case)]
+    assert run.final["status"]["phase"] == "Succeeded", _explain(run)
+    assert run.errors is None, _explain(run)
+    assert run.outputs is not None, _explain(run)
+    assert floats(run.outputs) == {"area": pytest.approx(math.pi * RADIUS * RADIUS)}
+    # The copilot logs warnings and errors only (1.15: its default level, warn; 1.16: Flyte passes
+    # --logger.level=3, warn): none of either.
+    assert not _complaints(run.logs[UPLOADER]), _explain(run)
+    if case.flyte == "1.15":
+        # The watcher saw the task start: had it missed it, it would have warned and waited out
+        # --start-timeout (1m40s) first.
+        assert run.seconds < 100, _explain(run)
+
+
+def test_a_1_16_uploader_in_the_legacy_shape_waits_for_a_signal_that_never_comes(runs: dict[str, Run]) -> None:
+    """The 1.16 copilot's watcher waits for the SIGTERM the kubelet sends a native sidecar when the task
+    exits; as a regular container it never gets one, and the pod does not finish."""
+    (case,) = [c for c in CASES if not c.uploads]
+    run = runs[_id(case)]
+    pod = run.final
+    assert _terminated(pod, _primary(pod)), _explain(run)
+    assert pod["status"]["phase"] == "Running", _explain(run)
+    (uploader,) = [s for s in pod["status"]["containerStatuses"] if s["name"] == UPLOADER]
+    assert "running" in uploader["state"], _explain(run)
+    assert run.outputs is None
+    assert run.errors is None
