@@ -55,10 +55,13 @@ class NodeLabels(Mapping[str, str]):
         return len(self._values)
 
     def __eq__(self, other: object) -> bool:
+        if isinstance(other, NodeLabels) and other._positions is self._positions and other._values is self._values:
+            return other._name == self._name or None not in self._values  # shared: only the name may differ
         if not isinstance(other, Mapping) or len(other) != len(self._values):
             return False
-        missing = object()
-        return all(other.get(key, missing) == value for key, value in self.items())
+        missing, name = object(), self._name
+        pairs = zip(self._positions, self._values, strict=True)
+        return all(other.get(key, missing) == (name if value is None else value) for key, value in pairs)
 
     __hash__ = None  # type: ignore[assignment]  # equal to dicts, which are unhashable
 
