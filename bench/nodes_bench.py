@@ -39,6 +39,7 @@ from tests.fake_apiserver import write_kubeconfig  # noqa: E402
 from tests.server_process import free_port, stop_process  # noqa: E402
 
 BODY = ROOT / "bench" / "data" / "flyte-1.15-review.json"
+POOL = "eks.amazonaws.com/nodegroup"  # bench/cluster.py: 20 node groups
 SYNCED = re.compile(r"node cache: listed \d+ \(\d+ changed\) at resourceVersion \d+ in ([\d.]+) s")
 POST_LUA = """
 wrk.method = "POST"
@@ -131,13 +132,13 @@ def _plan_timings(cache: Any) -> list[str]:
     base: dict[str, Any] = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {"containers": [
         {"name": "main", "image": "python:3.11"},
         {"name": "flyte-copilot-uploader", "image": "cr.flyte.org/flyteorg/flytecopilot:v1.15.0"}]}}  # fmt: skip
-    pools = sum(1 for name in cache.snapshot.nodes if cache.snapshot.nodes[name].labels.get("pool") == "pool-3")
+    pools = sum(1 for name in cache.snapshot.nodes if cache.snapshot.nodes[name].labels.get(POOL) == "pool-3")
     lines = ["| plan the puller (in-process), pod for | median |", "|---|---:|"]
     for label, pod in (
         ("any node (runtime groups)", base),
         (
             f"a nodeSelector matching {pools:,} nodes (label index)",
-            {**base, "spec": {**base["spec"], "nodeSelector": {"pool": "pool-3"}}},
+            {**base, "spec": {**base["spec"], "nodeSelector": {POOL: "pool-3"}}},
         ),
         ("a nodeName", {**base, "spec": {**base["spec"], "nodeName": "node-00042"}}),
     ):
