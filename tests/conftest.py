@@ -8,6 +8,7 @@ import pytest
 from certs.authority import generate_files
 from tests.controlplane import ControlPlane
 from tests.fake_apiserver import FakeAPIServer
+from tests.image_builds import ImageBuilder
 from tests.kube_support import Kube
 
 
@@ -51,6 +52,26 @@ def kube_admin(kube: ControlPlane) -> Iterator[Kube]:
     admin = Kube(kube)
     yield admin
     admin.close()
+
+
+@pytest.fixture(scope="session")
+def image_builder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ImageBuilder]:
+    """A real dockerd with the stand-in base (made from Debian's packages by mmdebstrap, most of an image
+    build's time), the same one for the whole session: tests/test_images.py starts its images in it, and the
+    node modules build theirs in it. It stops when the session ends."""
+    from tests.image_builds import start_builder
+
+    with start_builder(tmp_path_factory.mktemp("image-builder")) as builder:
+        yield builder
+
+
+@pytest.fixture(scope="session")
+def dockerfile_images(image_builder: ImageBuilder, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The Dockerfile's targets (puller, webhook), built once for the session on the stand-in base: their tags
+    by target, in the session's dockerd."""
+    from tests.image_builds import build_targets
+
+    return build_targets(tmp_path_factory.mktemp("dockerfile-images"), image_builder)
 
 
 @pytest.hookimpl(wrapper=True)

@@ -1,19 +1,21 @@
-"""What the modules that run pods on the node (tests/node.py) set up alike: the node itself, and images built
-by a real dockerd on the stand-in base (made from Debian's packages, as tests/test_images.py builds it) and
-imported into the node's containerd (`docker save | ctr images import`). Each module's fixtures call these,
-so each module has a node and images of its own."""
+"""What the modules that run pods on the node (tests/node.py) set up alike: the node itself, and the images
+built in the session's dockerd on the stand-in base (tests/image_builds.py: the base and the Dockerfile's
+targets are built once per session, each module builds its own images there) imported into the node's
+containerd (`docker save | ctr images import`). Each module's fixtures call these, so each module has a
+node of its own with its images in it."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 from tests.controlplane import ControlPlane
-from tests.daemons import dockerd, require
-from tests.node import Node, node, require_node, unmount_under
+from tests.daemons import require
+from tests.image_builds import ImageBuilder
+from tests.node import Node, node, require_node
 
 
 def running_node(kube: ControlPlane, *tools: str) -> Iterator[Node]:
@@ -32,26 +34,14 @@ def running_node(kube: ControlPlane, *tools: str) -> Iterator[Node]:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def build_images(the_node: Node, work: Path, build: Callable[[str, dict[str, str]], list[str]]) -> None:
-    """`build(base, env)` builds images with the dockerd that `env` names, on the stand-in base `base`, and
-    returns their tags; they are then saved and imported into the node's containerd."""
-    from tests.test_images import _build_base
-
-    short = Path(f"/tmp/cwd-{os.getpid()}")
-    try:
-        with dockerd(short, storage="overlay2") as docker:
-            env = {**os.environ, "DOCKER_HOST": f"unix://{docker.socket}", "DOCKER_BUILDKIT": "0"}
-            base = _build_base(work, env)
-            tags = build(base, env)
-            archive = work / "images.tar"
-            subprocess.run(
-                ["docker", "save", "--output", str(archive), *tags],
-                check=True,
-                capture_output=True,
-                env=env,
-                timeout=600,
-            )
-        the_node.import_image(archive)
-    finally:
-        unmount_under(short)  # dockerd leaves its exec-root's network namespace mounted
-        shutil.rmtree(short, ignore_errors=True)
+def import_images(the_node: Node, work: Path, builder: ImageBuilder, tags: list[str]) -> None:
+    """Save the images `tags` from the session's dockerd and import them into the node's containerd."""
+    archive = work / "images.tar"
+    subprocess.run(
+        ["docker", "save", "--output", str(archive), *tags],
+        check=True,
+        capture_output=True,
+        env=builder.env,
+        timeout=600,
+    )
+    the_node.import_image(archive)

@@ -2,19 +2,17 @@
 read-only root filesystem, `certs ensure` runs against an API server, the puller pulls through a real
 containerd. Public base images cannot be pulled here, so the base is a stand-in built from Debian's
 packages (mmdebstrap of bookworm with python3, `docker import`), and the dependencies are wheels built
-beforehand on the host (the Dockerfile's PIP_INSTALL_OPTIONS). The image sizes are printed."""
+beforehand on the host (the Dockerfile's PIP_INSTALL_OPTIONS). The images are built once per test session
+(tests/image_builds.py), and tests/test_kube_node.py imports the same ones into its node. The image sizes
+are printed."""
 
 from __future__ import annotations
 
 import base64
 import json
-import os
 import re
-import shutil
 import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,14 +21,14 @@ import orjson
 import pytest
 
 from certs.authority import generate_files
-from tests.daemons import Containerd, Dockerd, build_image, containerd, dockerd, registry, require
+from tests.daemons import Containerd, Dockerd, build_image, containerd, registry, require
 from tests.fake_apiserver import FakeAPIServer
+from tests.image_builds import ImageBuilder
 from tests.server_process import client_context, free_port
 from tests.support import apply, decoded_patch, eventually, pod, review
 
 ROOT = Path(__file__).parent.parent
 LOCK = ROOT / "requirements" / "images.lock"
-CONTEXT_FILES = ("Dockerfile", ".dockerignore", "pyproject.toml", "README.md", "requirements", "webhook", "certs")
 
 
 @dataclass
@@ -47,70 +45,24 @@ class Images:
         return done
 
 
-def _build_base(work: Path, env: dict[str, str]) -> str:
-    tarball = work / "bookworm.tar"
-    subprocess.run(
-        ["mmdebstrap", "--variant=minbase", "--include=python3,python3-venv,ca-certificates", "bookworm", str(tarball)],
-        check=True,
-        capture_output=True,
-        timeout=600,
-    )
-    subprocess.run(
-        ["docker", "import", str(tarball), "cw-test-base:bookworm"], check=True, capture_output=True, env=env
-    )
-    return "cw-test-base:bookworm"
-
-
-def _context(work: Path) -> Path:
-    """The repository's build inputs, with wheels of every dependency built here beforehand."""
-    context = work / "context"
-    context.mkdir()
-    for name in CONTEXT_FILES:
-        source = ROOT / name
-        if source.is_dir():
-            shutil.copytree(source, context / name, ignore=shutil.ignore_patterns("__pycache__", "dev"))
-        else:
-            shutil.copy(source, context / name)
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--quiet", "--wheel-dir", str(context / "wheels"),
-         "-c", str(ROOT / "requirements" / "images.lock"), f"{ROOT}[puller]", "setuptools>=69"],
-        check=True, capture_output=True, timeout=600,
-    )  # fmt: skip
-    return context
-
-
 @pytest.fixture(scope="module")
-def images(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Images]:
+def images(image_builder: ImageBuilder, dockerfile_images: dict[str, str]) -> Images:
+    """The Dockerfile's images, built once for the session (tests/image_builds.py), in the session's dockerd."""
     require("dockerd", "docker", "mmdebstrap", "containerd", "ctr", "docker-registry", "skopeo", "umoci", "htpasswd")
-    work = tmp_path_factory.mktemp("images")
-    short = Path(f"/tmp/cwi-{os.getpid()}")
-    try:
-        with dockerd(short, storage="overlay2") as docker:
-            env = {**os.environ, "DOCKER_HOST": f"unix://{docker.socket}", "DOCKER_BUILDKIT": "0"}
-            base = _build_base(work, env)
-            context = _context(work)
-            tags = {"puller": "cw-test-puller:ci", "webhook": "cw-test-webhook:ci"}
-            for target, tag in tags.items():
-                subprocess.run(
-                    ["docker", "build", "--quiet", "--network", "host", "--target", target, "--tag", tag,
-                     "--build-arg", f"BASE={base}",
-                     "--build-arg", "PIP_INSTALL_OPTIONS=--no-index --find-links=/src/wheels", str(context)],
-                    check=True, capture_output=True, env=env, timeout=900,
-                )  # fmt: skip
-            sizes = {}
-            for name, tag in (*tags.items(), ("base", base)):
-                inspect = subprocess.run(
-                    ["docker", "image", "inspect", "--format", "{{.Size}}", tag],
-                    check=True,
-                    capture_output=True,
-                    text=True,
-                    env=env,
-                )
-                sizes[name] = int(inspect.stdout)
-            print(f"image sizes (MB): { {k: round(v / 1e6) for k, v in sizes.items()} }")
-            yield Images(docker, env, tags["webhook"], tags["puller"], sizes)
-    finally:
-        shutil.rmtree(short, ignore_errors=True)
+    sizes = {}
+    for name, tag in (*dockerfile_images.items(), ("base", image_builder.base)):
+        inspect = subprocess.run(
+            ["docker", "image", "inspect", "--format", "{{.Size}}", tag],
+            check=True,
+            capture_output=True,
+            text=True,
+            env=image_builder.env,
+        )
+        sizes[name] = int(inspect.stdout)
+    print(f"image sizes (MB): { {k: round(v / 1e6) for k, v in sizes.items()} }")
+    return Images(
+        image_builder.docker, image_builder.env, dockerfile_images["webhook"], dockerfile_images["puller"], sizes
+    )
 
 
 def test_the_webhook_image_serves_as_a_non_root_user_on_a_read_only_root(images: Images, tmp_path: Path) -> None:

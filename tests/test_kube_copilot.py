@@ -42,9 +42,10 @@ from urllib.parse import urlsplit
 import pytest
 
 from tests.controlplane import ControlPlane
+from tests.image_builds import ImageBuilder
 from tests.kube_support import ChartPods, Kube, KubeError, Obj, release, wait_for
 from tests.node import Node
-from tests.node_fixtures import build_images, running_node
+from tests.node_fixtures import import_images, running_node
 from tests.support import load_yaml
 
 HERE = Path(__file__).parent
@@ -264,7 +265,13 @@ def the_node(kube: ControlPlane, copilots: dict[str, Path]) -> Iterator[Node]:
 
 
 @pytest.fixture(scope="module")
-def images(the_node: Node, copilots: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Images:
+def images(
+    the_node: Node,
+    copilots: dict[str, Path],
+    image_builder: ImageBuilder,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Images:
+    """The copilots and the task, built in the session's dockerd on the stand-in base and imported into the node."""
     work = tmp_path_factory.mktemp("copilot-images")
     context = work / "context"
     shutil.copytree(CONTEXT, context)
@@ -272,20 +279,16 @@ def images(the_node: Node, copilots: dict[str, Path], tmp_path_factory: pytest.T
         shutil.copy(path, context / f"flytecopilot-{line}")
     copilot = {line: f"localhost/flyteorg/flytecopilot:{tag}" for line, tag in TAGS.items()}
     task = "localhost/flyteorg/rawcontainers-shell:circle"
-
-    def build(base: str, env: dict[str, str]) -> list[str]:
-        targets = [("task", task, ())] + [
-            ("copilot", tag, ("--build-arg", f"BINARY=flytecopilot-{line}")) for line, tag in copilot.items()
-        ]
-        for target, tag, args in targets:
-            subprocess.run(
-                ["docker", "build", "--quiet", "--network", "none", "--target", target, "--tag", tag,
-                 "--build-arg", f"BASE={base}", *args, str(context)],
-                check=True, capture_output=True, env=env, timeout=300,
-            )  # fmt: skip
-        return [task, *copilot.values()]
-
-    build_images(the_node, work, build)
+    targets = [("task", task, ())] + [
+        ("copilot", tag, ("--build-arg", f"BINARY=flytecopilot-{line}")) for line, tag in copilot.items()
+    ]
+    for target, tag, args in targets:
+        subprocess.run(
+            ["docker", "build", "--quiet", "--network", "none", "--target", target, "--tag", tag,
+             "--build-arg", f"BASE={image_builder.base}", *args, str(context)],
+            check=True, capture_output=True, env=image_builder.env, timeout=300,
+        )  # fmt: skip
+    import_images(the_node, work, image_builder, [task, *copilot.values()])
     return Images(copilot, task)
 
 

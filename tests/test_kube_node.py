@@ -8,9 +8,9 @@ then finds them present; the puller's failure policies as the pod's status shows
 running its pod against the Service; and a Flyte-shaped pod admitted by Pod Security `baseline` with
 `ptrace.mode=drop` that runs to completion.
 
-The images under test (the Dockerfile's puller and webhook targets) are built by a real dockerd on a
-stand-in base made from Debian's packages, as tests/test_images.py builds them, and imported into the
-node's containerd (`docker save | ctr images import`)."""
+The images under test (the Dockerfile's puller and webhook targets) are the ones tests/test_images.py
+starts: built once per test session by a real dockerd on a stand-in base made from Debian's packages
+(tests/image_builds.py), and imported into the node's containerd (`docker save | ctr images import`)."""
 
 from __future__ import annotations
 
@@ -26,9 +26,10 @@ from pathlib import Path
 import pytest
 
 from tests.controlplane import ControlPlane
+from tests.image_builds import ImageBuilder
 from tests.kube_support import ChartPods, Kube, KubeError, Obj, Release, release, wait_for
 from tests.node import Node, NodeRegistry, node_registry
-from tests.node_fixtures import build_images, running_node
+from tests.node_fixtures import import_images, running_node
 from tests.support import load_yaml
 
 NAMESPACE = "cwnode"  # the release's (never sent to the webhook)
@@ -52,26 +53,19 @@ class Images:
 
 
 @pytest.fixture(scope="module")
-def images(the_node: Node, tmp_path_factory: pytest.TempPathFactory) -> Images:
-    """The Dockerfile's targets and the Flyte stand-ins, built by dockerd and imported into the node."""
-    from tests.test_images import _context
-
+def images(
+    the_node: Node,
+    image_builder: ImageBuilder,
+    dockerfile_images: dict[str, str],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Images:
+    """The Dockerfile's targets (built once for the session) and the Flyte stand-ins, imported into the node."""
     work = tmp_path_factory.mktemp("node-images")
-    tags = {"puller": "cw-test-puller:ci", "webhook": "cw-test-webhook:ci"}
-
-    def build(base: str, env: dict[str, str]) -> list[str]:
-        context = _context(work)
-        for target, tag in tags.items():
-            subprocess.run(
-                ["docker", "build", "--quiet", "--network", "host", "--target", target, "--tag", tag,
-                 "--build-arg", f"BASE={base}",
-                 "--build-arg", "PIP_INSTALL_OPTIONS=--no-index --find-links=/src/wheels", str(context)],
-                check=True, capture_output=True, env=env, timeout=900,
-            )  # fmt: skip
-        return [*tags.values(), *_build_standins(work, base, env)]
-
-    build_images(the_node, work, build)
-    return Images(f"docker.io/library/{tags['puller']}", f"docker.io/library/{tags['webhook']}")
+    standins = _build_standins(work, image_builder.base, image_builder.env)
+    import_images(the_node, work, image_builder, [*dockerfile_images.values(), *standins])
+    return Images(
+        f"docker.io/library/{dockerfile_images['puller']}", f"docker.io/library/{dockerfile_images['webhook']}"
+    )
 
 
 def _build_standins(work: Path, base: str, env: dict[str, str]) -> list[str]:
