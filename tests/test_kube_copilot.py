@@ -47,6 +47,8 @@ from tests.kube_support import ChartPods, Kube, KubeError, Obj, release, wait_fo
 from tests.node import Node
 from tests.node_fixtures import import_images, running_node
 from tests.support import load_yaml
+from webhook.pull.clients import _field as protobuf_field  # the puller's protobuf encoding, for the store's files
+from webhook.pull.clients import _varint as protobuf_varint
 
 HERE = Path(__file__).parent
 FLYTE_1_16 = HERE / "flyte" / "pods" / "v1.16" / "io.yaml"
@@ -107,17 +109,8 @@ def _id(case: Case) -> str:
 # --- the copilot's store: flytestdlib's local stow store, a directory per pod --------------------------
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, value = value & 0x7F, value >> 7
-        out.append(byte | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
-
-
 def _message(number: int, payload: bytes) -> bytes:
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+    return protobuf_field(number, payload)
 
 
 def literal_map(floats: dict[str, float]) -> bytes:
@@ -125,7 +118,7 @@ def literal_map(floats: dict[str, float]) -> bytes:
     (1) -> Primitive.float_value (2, a double)."""
     out = b""
     for name, value in floats.items():
-        primitive = _varint(2 << 3 | 1) + struct.pack("<d", value)
+        primitive = protobuf_varint(2 << 3 | 1) + struct.pack("<d", value)
         literal = _message(1, _message(1, primitive))
         out += _message(1, _message(1, name.encode()) + _message(2, literal))
     return out
