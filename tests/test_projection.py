@@ -132,6 +132,17 @@ def test_nodes_alike_share_their_labels_and_the_hostname_stays_their_own() -> No
     assert pickle.loads(pickle.dumps(a)) == a  # as a preview worker receives it
 
 
+def test_label_values_that_are_not_strings_are_refused_and_shapes_keep_one_copy() -> None:
+    shapes = LabelShapes()
+    for bad in (None, ["a"], {"a": "b"}, 1):
+        with pytest.raises(TypeError):
+            shapes("n1", {"zone": bad})  # a null would otherwise read back as the node's own name
+    first = shapes("n1", {"zone": "z" * 3, "id": "i-1"})
+    cached = next(iter(shapes._values))
+    assert cached is shapes._values[cached] is first.shared_values  # the key is the shared copy itself
+    assert shapes("n2", {"zone": "z" * 3, "id": "i-2"}).shared_values[0] is first.shared_values[0]
+
+
 def test_shapes_start_over_once_mostly_unused() -> None:
     shapes = LabelShapes()
     for i in range(3000):
@@ -161,6 +172,9 @@ def test_table_pages_and_events_are_read_without_managed_fields_to_the_same_fact
     assert decoding.table_event(b'{"type": "ERROR", "object": "gone"}') == {"type": "ERROR", "object": "gone"}
     with pytest.raises(orjson.JSONDecodeError):
         decoding.table_page(b'{"rows": [')
+    deep = b'{"type": "ADDED", "object": {"metadata": {"labels": {"a": ' + b"[" * 5000 + b"]" * 5000 + b"}}}}"
+    with pytest.raises(orjson.JSONDecodeError):  # past msgspec's depth: parsed whole, refused as malformed
+        decoding.table_event(deep)
 
 
 def _read(row: dict[str, Any]) -> dict[str, Any]:

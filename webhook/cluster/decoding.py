@@ -67,12 +67,12 @@ _event = msgspec.json.Decoder(_Event)
 def table_page(data: bytes) -> Any:
     try:
         return _page.decode(data)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):  # msgspec's depth limit is a RecursionError
         return orjson.loads(data)
 
 
 def table_event(data: bytes) -> Any:
     try:
         return _event.decode(data)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):
         return orjson.loads(data)

@@ -188,6 +188,8 @@ class Informer(Generic[T]):
         for i, obj in enumerate(self._objects(page)):
             try:
                 name, value = obj["metadata"]["name"], self._project(obj)
+                if not isinstance(name, str) or not name:
+                    raise ValueError("object without metadata.name")
             except (KeyError, TypeError, ValueError) as exc:
                 self.skipped_events += 1
                 log.warning("%s cache: skipped an unreadable object in a list: %s", self.name, exc)

@@ -120,14 +120,19 @@ class LabelShapes:
         if positions is None:
             positions = self._positions[keys] = {sys.intern(str(k)): i for i, k in enumerate(keys)}
         found: list[str | None] = list(labels.values())
+        if None in found:  # None stands for the node's name below: a null label value is unreadable
+            raise TypeError("node label values must be strings")
         while name in found:  # the hostname, most often the only value a node does not share
             found[found.index(name)] = None
         values = tuple(found)
-        shared = self._values.get(values)
+        shared = self._values.get(values)  # an all-string tuple equals its shared copy
         if shared is None:  # values not seen before: each string shared with the other nodes'
+            if not all(v is None or type(v) is str for v in values):
+                raise TypeError("node label values must be strings")
             strings = self._strings
-            shared = tuple(None if v is None else strings.setdefault(str(v), str(v)) for v in values)
-            self._values[values] = shared
+            shared = tuple(None if v is None else strings.setdefault(v, v) for v in values)
+            # Keyed by the shared copy, so the decoded strings of the first node seen are not kept too.
+            shared = self._values.setdefault(shared, shared)
         return NodeLabels(positions, shared, name)
 
     def trim(self, live: int) -> None:
@@ -245,7 +250,8 @@ class LabelIndex(Mapping[Pair, Collection[str]]):
     def _pairs(self) -> Iterator[Pair]:
         yield from self.postings
         for name, facts in self.nodes.items():
-            yield from ((key, name) for key, value in facts.labels.items() if value == name)
+            own = ((key, name) for key, value in facts.labels.items() if value == name)
+            yield from (pair for pair in own if pair not in self.postings)  # else yielded above
 
     def __iter__(self) -> Iterator[Pair]:
         return self._pairs()
