@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import copy
 import functools
+import gc
 import random
 import signal
 import socket
 import ssl
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -405,7 +407,14 @@ def test_no_pod_shape_fails_the_plan_internally() -> None:
     pods = [load_yaml(p) for p in sorted(GOLDEN.glob("pods/*.yaml")) if "spec" in (load_yaml(p) or {})]
     variants = [build_settings(s) for s in ({}, {"ptrace": {"mode": "drop"}}, {"ptrace": {"target": "sidecar"}})]
     labels = LabelShapes()
-    nodes = {f"n{i}": node_facts("containerd://1.7.11", labels(f"n{i}", {"zone": "a"}), {}) for i in range(3)}
+    node_labels = [
+        {"zone": "b", "pool": "gpu"},
+        {"zone": "c", "spot": "true"},
+        {"zone": "a"},
+    ]  # the goldens' selections
+    nodes = {
+        f"n{i}": node_facts("containerd://1.7.11", labels(f"n{i}", each), {}) for i, each in enumerate(node_labels)
+    }
     cluster = [Facts(RequestFacts("ns")), Facts(RequestFacts("ns"), cluster_facts({}, nodes))]
     rnd = random.Random(20261130)
     failures = []
@@ -690,3 +699,33 @@ def test_a_client_ca_removed_from_the_file_is_no_longer_trusted(tls_dir: Path, t
         staged.replace(bundle)
         assert eventually(lambda: status(old_client) == 0), "the removed CA's client is refused at its next handshake"
         assert status(new_client) == 200
+
+
+def test_a_joined_write_does_not_keep_its_request_alive() -> None:
+    """The transport that joins a response's writes refers to its request's cycle weakly: with a strong
+    reference the two would form a cycle, each request's scope and body kept until the collector ran."""
+    from webhook.web.connections import _JoinedWrites
+
+    class Cycle:
+        response_started = True
+
+    class Transport:
+        def __init__(self) -> None:
+            self.sent: list[bytes] = []
+
+        def write(self, data: bytes) -> None:
+            self.sent.append(data)
+
+    transport, cycle = Transport(), Cycle()
+    joined = _JoinedWrites(transport, cycle)
+    cycle.transport = joined  # type: ignore[attr-defined]  # as uvicorn's cycle holds it
+    joined.write(b"HTTP/1.1 200 OK\r\n\r\n")
+    joined.write(b"{}")
+    assert transport.sent == [b"HTTP/1.1 200 OK\r\n\r\n{}"]
+    alive = weakref.ref(cycle)
+    gc.disable()
+    try:
+        del cycle
+        assert alive() is None, "freed by reference counting, without the collector"
+    finally:
+        gc.enable()

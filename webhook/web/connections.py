@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -136,12 +137,15 @@ class _JoinedWrites:
     __slots__ = ("_cycle", "_head", "_joining", "_transport")
 
     def __init__(self, transport: Any, cycle: Any) -> None:
-        self._transport, self._cycle = transport, cycle
+        # Weakly: the cycle holds this as its transport, and a reference cycle would keep every request's
+        # cycle (its scope, its body) alive until the collector runs, or for good once a relist freezes it.
+        self._transport, self._cycle = transport, weakref.ref(cycle)
         self._head: bytes | None = None
         self._joining = True
 
     def write(self, data: bytes) -> None:
-        if self._joining and self._cycle.response_started:
+        cycle = self._cycle()
+        if self._joining and cycle is not None and cycle.response_started:
             if self._head is None:
                 self._head = data
                 return
