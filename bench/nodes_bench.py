@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import load  # noqa: E402 - the wrk runner
+from bench.profile import cpu_seconds  # noqa: E402 - a process's CPU time from /proc
 from tests.fake_apiserver import write_kubeconfig  # noqa: E402
 from tests.server_process import free_port, stop_process  # noqa: E402
 
@@ -205,18 +206,13 @@ def _preview(port: int, tls: Path) -> None:
         answer.raise_for_status()
 
 
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
-
-
 def real_server(cluster: Cluster, tls: Path, work: Path, repeat: int, nodes: int, base: float) -> list[str]:
     syncs, cpus, rss, peaks, with_preview = [], [], [], [], []
     for _ in range(repeat):
         server = Server(cluster, tls, work)
         try:
             syncs.append(server.synced())
-            cpus.append(_cpu_seconds(server.process.pid))
+            cpus.append(cpu_seconds(server.process.pid))
             time.sleep(2)  # let the collector and the allocator settle
             rss.append(_status(server.process.pid, "VmRSS"))
             peaks.append(_status(server.process.pid, "VmHWM"))
