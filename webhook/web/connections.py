@@ -16,6 +16,11 @@ uvicorn's httptools protocol, plus what it lacks:
 - draining: once the server shuts down, every answer says `Connection: close`, and a connection with no
   request in flight gets a short grace to deliver one it may already have sent, instead of the immediate
   close that made clients lose the request they had just written on an idle keep-alive connection.
+- direct answers: a POST to an admission path shaped as the API server sends it (Content-Length within
+  server.maxBodyBytes, JSON, no Expect or Transfer-Encoding, nothing pipelined ahead of it still being
+  answered) is answered by the connection inside the read that completes its body, by `Direct` (the
+  application's own code), without an ASGI cycle; its body meets the same deadline, and a client that
+  does not read its answers is not read from until it does (pause_writing).
 It also writes each response's head together with its body's first bytes: uvicorn writes them apart, so
 a small answer cost two TLS records and two sends where one does (a third of the CPU of a /mutate went to
 those writes). It also keeps the request target as sent when it is not origin-form (`POST https://host/mutate`), so the
@@ -28,8 +33,8 @@ import asyncio
 import logging
 import time
 import weakref
-from collections.abc import Callable
-from typing import Any, cast
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol, cast
 
 import httptools
 import orjson
@@ -46,6 +51,45 @@ MAX_HEADER_FIELDS = 100
 # still writing reads the answer rather than a reset.
 LINGER_SECONDS = 0.5
 _TICK = 0.1  # how often the deadlines are checked, while any is running
+
+
+class Direct(Protocol):
+    """Requests the connection answers itself (WebhookApp: admission), within the read that completes them."""
+
+    def body_limit(self) -> int: ...
+    def body_seconds(self) -> float: ...
+    def answer(self, endpoint: str, body: bytes, started: float, write: Callable[[int, bytes], None]) -> None: ...
+    def finished(self, endpoint: str, result: str, started: float | None) -> None: ...
+
+
+def _admission_length(headers: list[tuple[bytes, bytes]]) -> int | None:
+    """The body's length when the headers are an admission request's (one Content-Length, JSON, no
+    Transfer-Encoding or Expect); None for anything else, which the application answers."""
+    length = content_type = None
+    for name, value in headers:
+        if name == b"content-length":
+            if length is not None:
+                return None
+            length = value
+        elif name == b"content-type":
+            content_type = value
+        elif name in (b"transfer-encoding", b"expect"):
+            return None
+    if length is None or not length.isdigit():
+        return None
+    if content_type is None or content_type.split(b";", 1)[0].strip().lower() != b"application/json":
+        return None
+    return int(length)
+
+
+class _Pending:
+    """A direct request whose head arrived: its body so far."""
+
+    __slots__ = ("chunks", "endpoint", "keep_alive", "started")
+
+    def __init__(self, endpoint: str, keep_alive: bool, started: float) -> None:
+        self.endpoint, self.keep_alive, self.started = endpoint, keep_alive, started
+        self.chunks: list[bytes] = []
 
 
 class HeadTooLarge(Exception):
@@ -165,16 +209,26 @@ class _JoinedWrites:
         return getattr(self._transport, name)
 
 
-def protocol_class(limits: Limits) -> type[HttpToolsProtocol]:
+def protocol_class(
+    limits: Limits, direct: Direct | None = None, paths: Mapping[bytes, str] | None = None
+) -> type[HttpToolsProtocol]:
+    """The protocol for one server; `direct` answers POSTs to `paths` (the target as sent, without its
+    query, to the endpoint's name) itself, when they are shaped as the API server sends them."""
+
     class Protocol(_LimitedProtocol):
         pass
 
     Protocol.limits = limits
+    if direct is not None:
+        Protocol.direct, Protocol.direct_paths = direct, dict(paths or {})
     return Protocol
 
 
 class _LimitedProtocol(HttpToolsProtocol):
     limits: Limits
+    direct: Direct | None = None
+    direct_paths: Mapping[bytes, str] = {}
+    _pending: _Pending | None = None  # a direct request between its head and the end of its body
     _head: int | None = None  # bytes of the head counted so far; None outside a head
     _head_reads = 0  # bytes of the reads that ended inside the head (a field still arriving is not counted yet)
     _fields = 0
@@ -192,6 +246,9 @@ class _LimitedProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.limits.late.stop(self)
+        if self._pending is not None and self.direct is not None:
+            self.direct.finished(self._pending.endpoint, "client_gone", None)
+            self._pending = None
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -216,6 +273,9 @@ class _LimitedProtocol(HttpToolsProtocol):
                 self._refuse(431, f"request headers over {MAX_HEAD_BYTES} bytes")
             elif self not in self.limits.late:
                 self.limits.late.start(self, self.limits.deadline)
+        elif self._pending is not None and self.direct is not None and self not in self.limits.late:
+            # A direct request's body still to come: all of it is due within server.deadlineSeconds.
+            self.limits.late.start(self, self.direct.body_seconds())
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -244,6 +304,8 @@ class _LimitedProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._head = None
         self.limits.late.stop(self)
+        if self.direct is not None and self._take_directly():
+            return
         super().on_headers_complete()
         if self.cycle is not None:
             joined = _JoinedWrites(self.transport, self.cycle)
@@ -262,7 +324,37 @@ class _LimitedProtocol(HttpToolsProtocol):
             # After an Upgrade request httptools stops parsing the connection: it ends with this answer.
             self.cycle.keep_alive = False
 
+    def _take_directly(self) -> bool:
+        """Whether this request is one the connection answers itself (Direct), and if so start it."""
+        url = self.url
+        endpoint = self.direct_paths.get(url.split(b"?", 1)[0] if b"?" in url else url)
+        if endpoint is None or self.parser.get_method() != b"POST" or self.parser.should_upgrade():
+            return False
+        if self.cycle is not None and not self.cycle.response_complete:
+            return False  # pipelined behind a request still being answered: it waits its turn (uvicorn)
+        length = _admission_length(self.headers)
+        if length is None or length > self.direct.body_limit():  # type: ignore[union-attr]
+            return False
+        keep_alive = self.parser.get_http_version() != "1.0" and self.parser.should_keep_alive()
+        self._pending = _Pending(endpoint, keep_alive, time.perf_counter())
+        return True
+
+    def on_body(self, body: bytes) -> None:
+        if self._pending is not None:
+            self._pending.chunks.append(body)
+        else:
+            super().on_body(body)
+
     def on_message_complete(self) -> None:
+        pending = self._pending
+        if pending is not None and self.direct is not None:
+            self._pending = None
+            self._message_done = True
+            self.limits.late.stop(self)
+            chunks = pending.chunks
+            body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            self.direct.answer(pending.endpoint, body, pending.started, self._direct_writer(pending))
+            return
         super().on_message_complete()
         self._message_done = True
         if self.limits.late.stop(self) and self.cycle is not None and self.cycle.response_complete:
@@ -271,6 +363,39 @@ class _LimitedProtocol(HttpToolsProtocol):
             self.timeout_keep_alive_task = self.loop.call_later(
                 self.limits.idle_timeout, self.timeout_keep_alive_handler
             )
+
+    def _direct_writer(self, pending: _Pending) -> Callable[[int, bytes], None]:
+        def write(status: int, body: bytes) -> None:
+            keep_alive = pending.keep_alive and not self.limits.draining
+            head = [STATUS_LINE[status]]
+            for name, value in self.server_state.default_headers:
+                head += (name, b": ", value, b"\r\n")
+            head.append(b"content-type: application/json\r\ncontent-length: %d\r\n" % len(body))
+            if not keep_alive:
+                head.append(b"connection: close\r\n")
+            head += (b"\r\n", body)
+            self.transport.write(b"".join(head))
+            self.server_state.total_requests += 1
+            if not keep_alive:
+                self.transport.close()
+            elif not self.transport.is_closing():
+                self._unset_keepalive_if_required()
+                self.timeout_keep_alive_task = self.loop.call_later(
+                    self.timeout_keep_alive, self.timeout_keep_alive_handler
+                )
+
+        return write
+
+    def pause_writing(self) -> None:
+        """The client reads its answers slower than it sends requests: read no more of them until it catches
+        up (a direct answer is written at once, so pipelined requests would pile up answers unbounded)."""
+        super().pause_writing()
+        self.flow.pause_reading()
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self.cycle is None or self.cycle.response_complete:  # else uvicorn resumes when the cycle ends
+            self.flow.resume_reading()
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
@@ -285,6 +410,11 @@ class _LimitedProtocol(HttpToolsProtocol):
             self._refuse(
                 408, f"request headers not received within server.deadlineSeconds ({self.limits.deadline:g} s)"
             )
+        elif self._pending is not None and self.direct is not None:
+            pending, self._pending = self._pending, None
+            seconds = self.direct.body_seconds()
+            self._refuse(408, f"body not received within server.deadlineSeconds ({seconds:g} s)")
+            self.direct.finished(pending.endpoint, "timeout", pending.started)
         else:
             self.transport.close()
 
@@ -302,7 +432,9 @@ class _LimitedProtocol(HttpToolsProtocol):
         self.loop.call_later(LINGER_SECONDS, self.transport.close)
 
     def shutdown(self) -> None:
-        if self.cycle is None or self.cycle.response_complete:
+        if self._pending is not None:
+            self._pending.keep_alive = False  # its body is on the way: answered, then the connection closes
+        elif self.cycle is None or self.cycle.response_complete:
             # Idle: a request may be on the wire already. Serve it (with Connection: close) if it comes soon.
             self._unset_keepalive_if_required()
             self.timeout_keep_alive_task = self.loop.call_later(CLOSE_GRACE_SECONDS, self.timeout_keep_alive_handler)

@@ -34,7 +34,7 @@ from webhook.preview.workers import no_cluster_export
 from webhook.review import no_cluster
 from webhook.web.connections import Limits, protocol_class
 from webhook.web.metrics import Metrics
-from webhook.web.server import MetricsApp, WebhookApp
+from webhook.web.server import DIRECT, MetricsApp, WebhookApp
 from webhook.web.tls import ReloadingTLS, TLSFiles, file_stamp
 
 log = logging.getLogger(__name__)
@@ -249,7 +249,7 @@ def _https_config(app: WebhookApp, server: ServerSettings, tls: ReloadingTLS, *,
         host=server.host,
         port=server.port,
         ssl_context_factory=lambda _config, _default: tls.context,
-        http=protocol_class(limits),
+        http=protocol_class(limits, app, DIRECT),
         ws="none",  # no endpoint speaks websocket: an upgrade request is answered as plain HTTP (connections.py)
         timeout_keep_alive=math.ceil(server.idle_timeout_seconds),
         lifespan="off",

@@ -1,0 +1,224 @@
+"""Admission requests the connection answers itself (connections.py, Direct): a POST to /mutate* shaped as
+the API server sends it is answered inside the read that completes its body, without an ASGI cycle. These
+tests hold that path to the application's own answers, byte for byte, and to what HTTP/1.1 asks of a
+server: pipelined requests answered in order, bodies in pieces, HTTP/1.0, slow and vanished clients
+counted in the metrics, and a client that never reads its answers."""
+
+from __future__ import annotations
+
+import re
+import socket
+import ssl
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+
+from tests.asgi import call
+from tests.server_process import Server, client_context, running_server
+from tests.support import pod, review
+from webhook.config import build_settings
+from webhook.web.server import WebhookApp
+
+BAD_SHAPE = pod("flyte-1.15-bare.yaml")
+BAD_SHAPE["spec"]["containers"][0]["securityContext"] = {"capabilities": {"add": "SYS_PTRACE"}}
+
+BODIES = {
+    "flyte 1.15 review": orjson.dumps(review(pod("flyte-1.15-bare.yaml"), uid="u-1")),
+    "v1beta1 review": orjson.dumps(
+        review(pod("flyte-1.15-bare.yaml"), uid="u-2", api_version="admission.k8s.io/v1beta1")
+    ),
+    "an UPDATE": orjson.dumps(review(pod("flyte-1.15-bare.yaml"), uid="u-3", operation="UPDATE")),
+    "a pod field of the wrong type": orjson.dumps(review(BAD_SHAPE, uid="u-4")),
+    "object is a list": orjson.dumps(review([], uid="u-5")),
+    "no uid": orjson.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {}}),
+    "not a review": b'{"kind":"Pod"}',
+    "a JSON array": b"[1,2]",
+    "truncated JSON": b'{"apiVersion":',
+    "not UTF-8": b'{"kind":"\xff"}',
+    "empty": b"",
+    "nested 10,000 deep": b"[" * 10_000 + b"]" * 10_000,
+}
+PATHS = ["/mutate", "/mutate/ptrace", "/mutate/image-puller"]
+
+
+@pytest.fixture(scope="module")
+def server(tls_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    config = "server:\n  deadlineSeconds: 0.5\n"
+    with running_server(tls_dir, tmp_path_factory.mktemp("direct"), config=config) as running:
+        yield running
+
+
+def _tls(server: Server) -> ssl.SSLSocket:
+    raw = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+    return client_context(server.ca).wrap_socket(raw, server_hostname="localhost")
+
+
+def _post(path: str, body: bytes, content_type: bytes = b"application/json", version: bytes = b"1.1") -> bytes:
+    head = b"POST %s?timeout=10s HTTP/%s\r\nhost: x\r\ncontent-type: %s\r\ncontent-length: %d\r\n\r\n"
+    return head % (path.encode(), version, content_type, len(body)) + body
+
+
+class Reader:
+    """HTTP/1.1 answers read one at a time from a socket: (status, headers, body)."""
+
+    def __init__(self, conn: socket.socket) -> None:
+        self.conn, self.buffer = conn, b""
+
+    def answer(self) -> tuple[int, dict[bytes, bytes], bytes]:
+        while b"\r\n\r\n" not in self.buffer:
+            self._more()
+        head, _, self.buffer = self.buffer.partition(b"\r\n\r\n")
+        lines = head.split(b"\r\n")
+        headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(b":") for line in lines[1:])}
+        length = int(headers[b"content-length"])
+        while len(self.buffer) < length:
+            self._more()
+        body, self.buffer = self.buffer[:length], self.buffer[length:]
+        return int(lines[0].split()[1]), headers, body
+
+    def _more(self) -> None:
+        chunk = self.conn.recv(65536)
+        if not chunk:
+            raise ConnectionError(f"closed with {self.buffer[:200]!r} unread")
+        self.buffer += chunk
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_answers_are_the_applications_byte_for_byte(server: Server, path: str) -> None:
+    """Every body, good or hostile, gets from the connection exactly what the ASGI application answers."""
+    app = WebhookApp(build_settings({"server": {"deadlineSeconds": 0.5}}))
+    with _tls(server) as conn:
+        reader = Reader(conn)
+        for name, body in BODIES.items():
+            conn.sendall(_post(path, body))
+            status, headers, answer = reader.answer()
+            expected = call(app, "POST", path + "?timeout=10s", body, content_type="application/json")
+            assert (status, answer) == (expected.status_code, expected.content), name
+            assert headers[b"content-type"] == b"application/json", name
+            assert status < 500, name
+    assert "Traceback" not in server.output()
+
+
+def test_pipelined_requests_are_answered_in_order_around_those_the_application_answers(server: Server) -> None:
+    """One write carrying five requests: two the application answers (a GET and a wrong content type) sit
+    between direct ones, and every answer comes back in the order its request was sent."""
+    flyte = pod("flyte-1.15-bare.yaml")
+    requests = [
+        _post("/mutate", orjson.dumps(review(flyte, uid="p-1"))),
+        b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n",
+        _post("/mutate/ptrace", orjson.dumps(review(flyte, uid="p-2"))),
+        _post("/mutate", orjson.dumps(review(flyte, uid="p-3")), content_type=b"text/plain"),
+        _post("/mutate", orjson.dumps(review(flyte, uid="p-4"))),
+    ]
+    with _tls(server) as conn:
+        conn.sendall(b"".join(requests))
+        reader = Reader(conn)
+        answers = [reader.answer() for _ in requests]
+    statuses = [status for status, _headers, _body in answers]
+    assert statuses == [200, 200, 200, 415, 200]
+    uids = [orjson.loads(body)["response"]["uid"] for status, _h, body in answers if body.startswith(b'{"apiV')]
+    assert uids == ["p-1", "p-2", "p-4"]
+    assert orjson.loads(answers[1][2]) == {"status": "ok"}
+
+
+def test_a_body_in_many_pieces_is_answered_once_whole(server: Server) -> None:
+    request = _post("/mutate", orjson.dumps(review(pod("flyte-1.15-bare.yaml"), uid="pieces")))
+    with _tls(server) as conn:
+        for i in range(0, len(request), 700):
+            conn.sendall(request[i : i + 700])
+            time.sleep(0.01)
+        status, _headers, body = Reader(conn).answer()
+    assert status == 200
+    answer = orjson.loads(body)["response"]
+    assert answer["uid"] == "pieces"
+    assert answer["patchType"] == "JSONPatch"
+
+
+def test_an_http_1_0_request_is_answered_and_its_connection_closed(server: Server) -> None:
+    with _tls(server) as conn:
+        conn.sendall(_post("/mutate", orjson.dumps(review(pod("flyte-1.15-bare.yaml"), uid="old")), version=b"1.0"))
+        reader = Reader(conn)
+        status, headers, body = reader.answer()
+        assert conn.recv(100) == b"", "the connection stays open after an HTTP/1.0 answer"
+    assert status == 200
+    assert headers[b"connection"] == b"close"
+    assert orjson.loads(body)["response"]["uid"] == "old"
+
+
+def _counter(text: str, path: str, result: str) -> float:
+    match = re.search(rf'copilot_webhook_requests_total{{path="{re.escape(path)}",result="{result}"}} (\S+)', text)
+    return float(match.group(1)) if match else 0.0
+
+
+def _timed(text: str, path: str) -> float:
+    match = re.search(rf'copilot_webhook_request_duration_seconds_count{{path="{re.escape(path)}"}} (\S+)', text)
+    return float(match.group(1)) if match else 0.0
+
+
+def _metrics(server: Server) -> str:
+    with server.client() as client:
+        return client.get("/metrics").text
+
+
+def test_answers_late_bodies_and_vanished_clients_are_counted(server: Server) -> None:
+    path = "/mutate/image-puller"
+    results = ("patched", "unchanged", "bad_request", "timeout", "client_gone")
+    before = _metrics(server)
+    with _tls(server) as conn:
+        reader = Reader(conn)
+        conn.sendall(_post(path, orjson.dumps(review(pod("flyte-1.15-bare.yaml")))))
+        assert reader.answer()[0] == 200
+        conn.sendall(_post(path, b"{"))
+        assert reader.answer()[0] == 400
+    with _tls(server) as conn:  # a body that stops halfway: 408 after server.deadlineSeconds
+        conn.sendall(_post(path, b'{"apiVersion": "admission.k8s.io/v1"}')[:-10])
+        status, headers, body = Reader(conn).answer()
+        assert status == 408
+        assert headers[b"connection"] == b"close"
+        assert b"body not received within server.deadlineSeconds (0.5 s)" in body
+    with _tls(server) as conn:  # a client that leaves halfway through its body
+        conn.sendall(_post(path, b'{"apiVersion": "admission.k8s.io/v1"}')[:-10])
+        time.sleep(0.1)
+    deadline = time.monotonic() + 5
+    while _counter(_metrics(server), path, "client_gone") == _counter(before, path, "client_gone"):
+        assert time.monotonic() < deadline, "the vanished client was never counted"
+        time.sleep(0.05)
+    after = _metrics(server)
+    added = {result: _counter(after, path, result) - _counter(before, path, result) for result in results}
+    assert added["patched"] + added["unchanged"] == 1, added
+    assert (added["bad_request"], added["timeout"], added["client_gone"]) == (1, 1, 1), added
+    assert _timed(after, path) - _timed(before, path) == 3, "the answered requests are timed, the vanished one not"
+
+
+def test_a_client_that_never_reads_its_answers_stops_being_read(server: Server) -> None:
+    """Pipelined requests written without reading a single answer: the server answers until its send buffer
+    is full, then reads no more (the client's writes block) instead of holding every answer in memory."""
+    request = _post("/mutate", b"{")  # 150 bytes that earn a 400 of about the same size
+    raw = socket.socket()
+    raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    raw.connect(("127.0.0.1", server.port))
+    conn = client_context(server.ca).wrap_socket(raw, server_hostname="localhost")
+    batch = request * 100
+    sent = 0
+    try:
+        conn.settimeout(2)
+        blocked = False
+        while sent < 500_000:  # 75 MB: far beyond every buffer on the way
+            try:
+                conn.sendall(batch)
+            except TimeoutError:
+                blocked = True
+                break
+            sent += 100
+        assert blocked, f"the server read all {sent} requests without their answers being read"
+        with server.client() as client:
+            assert client.get("/healthz").status_code == 200, "other clients are still served"
+        status = Path(f"/proc/{server.process.pid}/status").read_text()
+        rss_mb = int(re.search(r"VmRSS:\s+(\d+) kB", status).group(1)) / 1024  # type: ignore[union-attr]
+        assert rss_mb < 200, f"{rss_mb:.0f} MB resident after {sent} unread answers"
+    finally:
+        conn.close()
+    assert "Traceback" not in server.output()
