@@ -7,7 +7,9 @@ DIR holds the anchors: go-floor/ (Go standard library webhook), py-naive/app.py 
 people write first), post.lua (wrk script). Needs wrk (Debian package `wrk`) and, for go-floor, Go (any
 release from 1.19 on; built once into the Go tools cache, keyed by its sources and the Go version).
 Targets are measured in turn within each round, so a noisy neighbour hurts all of them alike; the table
-gives the median over rounds of requests per second and of p50/p99 latency. `--baseline` adds our server
+gives the median over rounds of requests per second, of p50/p99 latency and of each server's CPU per
+request (user and system time of its process from /proc, while wrk ran): the cores a server may use
+differ (go-floor runs on every core, ours on one), so requests per CPU-second compare the work itself. `--baseline` adds our server
 as another checkout has it (`git worktree add /tmp/base <commit>`), to show a change did not slow /mutate.
 """
 
@@ -52,13 +54,19 @@ def _wait_port(port: int, timeout: float = 30) -> None:
 
 
 @contextmanager
-def _process(command: list[str], port: int, cwd: Path | None = None) -> Iterator[None]:
+def _process(command: list[str], port: int, cwd: Path | None = None) -> Iterator[subprocess.Popen[bytes]]:
     proc = subprocess.Popen(command, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         _wait_port(port)
-        yield
+        yield proc
     finally:
         stop_process(proc)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time of a process, all its threads, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _ms(text: str) -> float:
@@ -119,6 +127,7 @@ def wrk(url: str, lua: Path | None, seconds: int, connections: int) -> dict[str,
         command, capture_output=True, text=True, env={**os.environ, "BODY": str(BODY)}, check=True
     ).stdout
     stats = {"rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))}  # type: ignore[union-attr]
+    stats["requests"] = float(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
     for pct in ("50", "99"):
         stats[f"p{pct}"] = _ms(re.search(rf"\s{pct}(?:\.000)?%\s+(\S+)", out).group(1))  # type: ignore[union-attr]
     non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
@@ -150,14 +159,15 @@ def main() -> None:
           "--port", str(naive), "--ssl-certfile", cert, "--ssl-keyfile", key, "--no-access-log", "--log-level",
           "warning"], naive, None),
     ]  # fmt: skip
-    targets = {
-        "copilot-webhook POST /mutate/ptrace (the anchors' work)": (f"https://127.0.0.1:{ours}/mutate/ptrace", lua),
-        "copilot-webhook POST /mutate (ptrace and image puller)": (f"https://127.0.0.1:{ours}/mutate", lua),
-        "copilot-webhook GET /healthz (no-op, same server)": (f"https://127.0.0.1:{ours}/healthz", None),
-        "go-floor POST /mutate": (f"https://127.0.0.1:{go_port}/mutate", lua),
-        "py-naive POST /mutate": (f"https://127.0.0.1:{naive}/mutate", lua),
-        "py-naive POST /noop (FastAPI no-op)": (f"https://127.0.0.1:{naive}/noop", lua),
-    }
+    ref = "copilot-webhook POST /mutate/ptrace (the anchors' work)"
+    targets = {  # name: (URL, wrk script, the port of the server that answers it)
+        ref: (f"https://127.0.0.1:{ours}/mutate/ptrace", lua, ours),
+        "copilot-webhook POST /mutate (ptrace and image puller)": (f"https://127.0.0.1:{ours}/mutate", lua, ours),
+        "copilot-webhook GET /healthz (no-op, same server)": (f"https://127.0.0.1:{ours}/healthz", None, ours),
+        "go-floor POST /mutate": (f"https://127.0.0.1:{go_port}/mutate", lua, go_port),
+        "py-naive POST /mutate": (f"https://127.0.0.1:{naive}/mutate", lua, naive),
+        "py-naive POST /noop (FastAPI no-op)": (f"https://127.0.0.1:{naive}/noop", lua, naive),
+    }  # fmt: skip
     if not go_bin.exists():
         del servers[1], targets["go-floor POST /mutate"]
     if args.baseline is not None:
@@ -165,32 +175,44 @@ def main() -> None:
         command = [sys.executable, "-m", "webhook", "serve", "--host", "127.0.0.1", "--port", str(base),
                    "--tls-cert", cert, "--tls-key", key, "--log-level", "warning"]  # fmt: skip
         servers.append((command, base, args.baseline.resolve()))
-        targets["baseline POST /mutate/ptrace"] = (f"https://127.0.0.1:{base}/mutate/ptrace", lua)
-        targets["baseline POST /mutate"] = (f"https://127.0.0.1:{base}/mutate", lua)
+        targets["baseline POST /mutate/ptrace"] = (f"https://127.0.0.1:{base}/mutate/ptrace", lua, base)
+        targets["baseline POST /mutate"] = (f"https://127.0.0.1:{base}/mutate", lua, base)
     results: dict[str, list[dict[str, float]]] = {name: [] for name in targets}
     with contextlib.ExitStack() as stack:
-        for server in servers:
-            stack.enter_context(_process(*server))
-        for url, script in targets.values():  # warm-up
+        pids = {server[1]: stack.enter_context(_process(*server)).pid for server in servers}
+        for url, script, _port in targets.values():  # warm-up
             wrk(url, script, 2, args.connections)
         for round_ in range(args.rounds):
-            for name, (url, script) in targets.items():
-                results[name].append(wrk(url, script, args.seconds, args.connections))
+            for name, (url, script, port) in targets.items():
+                before = cpu_seconds(pids[port])
+                stats = wrk(url, script, args.seconds, args.connections)
+                used = cpu_seconds(pids[port]) - before
+                stats["cpu_us"], stats["cores"] = used / stats["requests"] * 1e6, used / args.seconds
+                results[name].append(stats)
                 print(f"round {round_ + 1} {name}: {results[name][-1]}", file=sys.stderr)
 
     def med(name: str, key: str) -> float:
         return statistics.median(r[key] for r in results[name])
 
-    ref = "copilot-webhook POST /mutate/ptrace (the anchors' work)"
     print(f"wrk -t1 -c{args.connections}, {args.seconds} s per target, {args.rounds} rounds; medians over rounds")
     print()
-    print("| target | req/s | p50 ms | p99 ms | non-2xx | ours ÷ target (req/s) |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print("The server's CPU is user and system time of its process (every thread) while wrk ran: per request,")
+    print("in cores used, and as requests per CPU-second, ours over the target's.")
+    print()
+    print(
+        "| target | req/s | p50 ms | p99 ms | non-2xx | server CPU µs/request | cores used "
+        "| ours ÷ target (req/s) | ours ÷ target (requests per CPU-second) |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name in targets:
         errors = int(sum(r["errors"] for r in results[name]))
         ratio = med(ref, "rps") / med(name, "rps")
-        rps, p50, p99 = med(name, "rps"), med(name, "p50"), med(name, "p99")
-        print(f"| {name} | {rps:,.0f} | {p50:.2f} | {p99:.2f} | {errors} | {ratio:.2f} |")
+        efficiency = med(name, "cpu_us") / med(ref, "cpu_us")
+        rps, p50, p99, cpu, cores = (med(name, k) for k in ("rps", "p50", "p99", "cpu_us", "cores"))
+        print(
+            f"| {name} | {rps:,.0f} | {p50:.2f} | {p99:.2f} | {errors} | {cpu:,.0f} | {cores:.2f} "
+            f"| {ratio:.2f} | {efficiency:.2f} |"
+        )
     shutil.rmtree(work, ignore_errors=True)
 
 

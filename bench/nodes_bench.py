@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import load  # noqa: E402 - the wrk runner
-from bench.profile import cpu_seconds  # noqa: E402 - a process's CPU time from /proc
+from bench.load import cpu_seconds  # noqa: E402 - a process's CPU time from /proc
 from tests.fake_apiserver import write_kubeconfig  # noqa: E402
 from tests.server_process import free_port, stop_process  # noqa: E402
 

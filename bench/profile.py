@@ -28,7 +28,7 @@ from pathlib import Path
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE.parent))
 
-from bench.load import BODY, _wait_port, bench_certs  # noqa: E402 - the load benchmark's helpers
+from bench.load import BODY, _wait_port, bench_certs, cpu_seconds  # noqa: E402 - the load benchmark's helpers
 from tests.server_process import free_port, stop_process  # noqa: E402
 
 POST_LUA = 'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
@@ -54,11 +54,6 @@ PARTS: list[tuple[str, re.Pattern[str]]] = [
         ("the event loop: epoll, socket reads, callbacks (uvloop, C)", r"Runner\.run|run_until_complete"),
     ]
 ]
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def run_wrk(url: str, lua: Path | None, seconds: int) -> int:
