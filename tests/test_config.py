@@ -109,7 +109,7 @@ def test_values_derived_from_settings_are_computed_once_and_not_pickled() -> Non
     settings = build_settings({"imagePuller": {"exclude": []}})
     puller = settings.image_puller
     assert puller.memo(container_template) is puller.memo(container_template)
-    assert puller.unwanted("anything") is None
+    assert puller.unwanted("anything") is False
     assert settings.copilot.image_matcher("cr.flyte.org/flyteorg/flytecopilot:v1.15.0")
     copy = pickle.loads(pickle.dumps(settings))
     assert copy == settings

@@ -356,3 +356,28 @@ def test_timeout_is_the_whole_runs_deadline_and_a_stream_holds_one_line(tmp_path
         assert line.endswith(" error=timed out"), line
     assert process.returncode == 1, "failure policy Fail"
     assert peak < 80 * 1024, f"peak RSS {peak} KiB for a stream of {seconds * 16:.0f} MB"
+
+
+def test_long_references_are_refused_without_being_kept() -> None:
+    """References are parsed once and kept (every pod of a task names the same images), except those over
+    512 characters, which never parse and would hold megabytes if kept."""
+    import gc
+    import tracemalloc
+
+    from webhook.errors import InvalidReference
+    from webhook.references import normalise, parse
+
+    assert normalise("busybox") == "docker.io/library/busybox:latest"
+    assert parse("busybox") is parse("busybox")
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(50):
+            for read in (parse, normalise):
+                with pytest.raises(InvalidReference, match="invalid image reference"):
+                    read(f"registry/{i}/" + "a" * 1_000_000)
+        gc.collect()
+        kept = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert kept < 1_000_000, f"{kept} bytes kept after refusing 100 MB of references"

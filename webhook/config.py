@@ -77,7 +77,7 @@ class PtraceSettings(_Section):
 
 class CopilotSettings(_Section):
     @cached_property
-    def image_matcher(self) -> Callable[[str], re.Match[str] | None]:
+    def image_matcher(self) -> Callable[[str], bool]:
         """imagePatterns compiled, once per settings (settings are immutable and replaced whole on reload)."""
         return glob_matcher(self.image_patterns)
 
@@ -265,11 +265,11 @@ class ImagePullerSettings(_Section):
 
     # Values derived from the settings alone, computed once per settings object (a reload makes a new one).
     @cached_property
-    def wanted(self) -> Callable[[str], re.Match[str] | None]:
+    def wanted(self) -> Callable[[str], bool]:
         return glob_matcher(self.images)
 
     @cached_property
-    def unwanted(self) -> Callable[[str], re.Match[str] | None]:
+    def unwanted(self) -> Callable[[str], bool]:
         return glob_matcher(self.exclude)
 
     @cached_property

@@ -8,15 +8,26 @@ import re
 from collections.abc import Callable
 from functools import lru_cache
 
+CACHED_LENGTH = 512  # longer texts are matched each time: a cache of them could hold megabytes
 
-def _never(_text: str) -> None:
-    return None
+
+def _never(_text: str) -> bool:
+    return False
 
 
 @lru_cache(maxsize=64)
-def glob_matcher(patterns: tuple[str, ...]) -> Callable[[str], re.Match[str] | None]:
-    """A function matching a whole string against any of the globs (`*` spans `/` too); never matches
-    without patterns."""
+def glob_matcher(patterns: tuple[str, ...]) -> Callable[[str], bool]:
+    """A function telling whether a whole string matches any of the globs (`*` spans `/` too); never
+    matches without patterns. Answers are kept per matcher: the same images come with every pod."""
     if not patterns:
         return _never
-    return re.compile("|".join(f"(?:{fnmatch.translate(p)})" for p in patterns)).match
+    match = re.compile("|".join(f"(?:{fnmatch.translate(p)})" for p in patterns)).match
+
+    @lru_cache(maxsize=4096)
+    def cached(text: str) -> bool:
+        return match(text) is not None
+
+    def matches(text: str) -> bool:
+        return cached(text) if len(text) <= CACHED_LENGTH else match(text) is not None
+
+    return matches

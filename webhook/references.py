@@ -67,10 +67,20 @@ def _repository(domain: str | None, path: str, text: str) -> tuple[str, str]:
     return domain, path
 
 
+MAX_LENGTH = 512  # longer references never parse
+
+
 def parse(text: str) -> Reference:
     """The normalised reference, or InvalidReference naming what is wrong. A leading `-` never parses, so a
     reference can never be taken for a client's option."""
-    match = _REFERENCE.match(text) if len(text) <= 512 else None
+    if len(text) > MAX_LENGTH:
+        raise InvalidReference(f"invalid image reference {text[:80]!r}")
+    return _parse(text)
+
+
+@functools.lru_cache(maxsize=4096)  # every pod of a task names the same images; at most 2 MB of keys
+def _parse(text: str) -> Reference:
+    match = _REFERENCE.match(text)
     if match is None:
         raise InvalidReference(f"invalid image reference {text[:80]!r}")
     domain, path = _repository(match["domain"], match["path"], text)
@@ -81,4 +91,11 @@ def parse(text: str) -> Reference:
 
 
 def normalise(text: str) -> str:
-    return str(parse(text))
+    if len(text) > MAX_LENGTH:
+        raise InvalidReference(f"invalid image reference {text[:80]!r}")
+    return _normalise(text)
+
+
+@functools.lru_cache(maxsize=4096)
+def _normalise(text: str) -> str:
+    return str(_parse(text))

@@ -22,7 +22,7 @@ from webhook.mutation.pointer import Operation, add, join
 from webhook.mutation.reasons import PullerSkip
 from webhook.mutation.runtime import Runtime, decide_runtime
 from webhook.mutation.scheduling import required_terms
-from webhook.references import Reference, parse
+from webhook.references import Reference, normalise, parse
 
 S = TypeVar("S")
 R = TypeVar("R")
@@ -68,7 +68,7 @@ def select_images(view: PodView, settings: ImagePullerSettings) -> list[str]:
         if pullable is None:
             continue
         image, reference = pullable
-        normalised = str(reference)
+        normalised = normalise(image)
         if normalised in own or normalised in chosen or _kubelet_pulls_anyway(c.body, reference):
             continue
         if wanted(image) and not unwanted(image):
