@@ -79,3 +79,47 @@ def test_a_malformed_requirement_is_named(expr: dict[str, Any], message: str) ->
     pod = _pod({"matchExpressions": [_expr("zone", "Exists"), expr]})
     with pytest.raises(PodShapeError, match=message):
         candidate_nodes(read_pod(pod), NODES)
+
+
+def _memo(snapshot: Any) -> dict[Any, Any]:
+    from webhook.mutation.nodeindex import LabelIndex
+
+    assert isinstance(snapshot.by_label, LabelIndex)
+    return snapshot.by_label.memo
+
+
+def test_a_node_pools_runtimes_are_kept_per_snapshot_and_follow_every_change() -> None:
+    """Pods of a node pool all ask the same: the counted runtimes are kept with the snapshot's label index
+    (new with every change of the nodes), only for selectors that match nodes, and at most MEMO_LIMIT."""
+    from webhook.config import build_settings
+    from webhook.mutation.facts import ClusterFacts, RequestFacts
+    from webhook.mutation.runtime import MEMO_LIMIT, decide_runtime
+
+    settings = build_settings({}).image_puller
+
+    def runtime(snapshot: Any, selector: dict[str, str]) -> str | None:
+        cluster = ClusterFacts(None, snapshot, "synced")
+        decided = decide_runtime(read_pod(_pod(selector=selector)), RequestFacts("ns"), cluster, settings=settings)
+        return None if decided.runtime is None else f"{decided.runtime.flavour} ({decided.runtime.source})"
+
+    nodes = {f"n{i}": NodeFacts("containerd", None, None, {"pool": "p1", "zone": f"z{i % 2}"}) for i in range(6)}
+    before = node_snapshot(nodes)
+    assert runtime(before, {"pool": "p1"}) == "containerd (6 candidate nodes)"
+    assert runtime(before, {"pool": "p1"}) == "containerd (6 candidate nodes)"  # kept
+    assert runtime(before, {"zone": "z1", "pool": "p1"}) == "containerd (3 candidate nodes)"
+    assert runtime(before, {"pool": "made-up"}) is None
+    assert len(_memo(before)) == 2, "the selectors that match nodes are kept, the made-up one not"
+
+    nodes["n0"] = NodeFacts("docker", None, None, {"pool": "p1", "zone": "z0"})
+    nodes["n1"] = NodeFacts("docker", None, None, {"pool": "p2", "zone": "z1"})
+    after = node_snapshot(nodes, before, changed=["n0", "n1"])
+    assert runtime(after, {"pool": "p1"}) is None, "5 nodes, two runtimes: heterogeneous, skipped by default"
+    assert runtime(after, {"zone": "z1", "pool": "p1"}) == "containerd (2 candidate nodes)"
+    assert runtime(before, {"pool": "p1"}) == "containerd (6 candidate nodes)", "a snapshot in use keeps its answers"
+
+    for i in range(MEMO_LIMIT + 10):
+        nodes[f"m{i}"] = NodeFacts("containerd", None, None, {"own": f"v{i}"})
+    many = node_snapshot(nodes)
+    for i in range(MEMO_LIMIT + 10):
+        assert runtime(many, {"own": f"v{i}"}) == f"containerd (node m{i})"
+    assert len(_memo(many)) == MEMO_LIMIT

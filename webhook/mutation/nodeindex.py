@@ -176,6 +176,9 @@ class LabelIndex(Mapping[Pair, Collection[str]]):
     def __init__(self, nodes: Mapping[str, _Labelled], names: list[str], ids: dict[str, int]) -> None:
         self.nodes, self.names, self.ids = nodes, names, ids
         self.postings: dict[Pair, array[int]] = {}
+        # Answers derived from these nodes alone, kept by those who ask (runtime.py); a new index, made
+        # at every change of the nodes, starts without them.
+        self.memo: dict[Any, Any] = {}
 
     @classmethod
     def build(cls, nodes: Mapping[str, _Labelled]) -> LabelIndex:

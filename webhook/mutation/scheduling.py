@@ -139,6 +139,16 @@ def _allowed(name: str, labels: Mapping[str, str], selector: Mapping[str, str] |
     return any(_term_matches(t, name, labels, where=f"{_TERMS}[{i}]") for i, t in enumerate(terms))
 
 
+def selector_only(view: PodView) -> tuple[tuple[str, str], ...] | None:
+    """The nodeSelector's pairs, sorted, when they alone restrict the pod (no nodeName, no required node
+    affinity): the candidates then depend on the pairs and the nodes only."""
+    spec = view.spec
+    if spec.get("nodeName") or required_terms(spec) is not None:
+        return None
+    selector = _node_selector(spec)
+    return tuple(sorted(selector.items())) if selector else None
+
+
 def candidate_nodes(view: PodView, snapshot: NodeSnapshot) -> list[str] | None:
     """The nodes the pod may land on: its nodeName, else those its nodeSelector and required node
     affinity allow; None when nothing restricts it (every node)."""
