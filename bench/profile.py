@@ -39,15 +39,21 @@ PARTS: list[tuple[str, re.Pattern[str]]] = [
     (p, re.compile(rx))
     for p, rx in [
         ("metrics (prometheus_client counters and the latency histogram)", r"prometheus_client|count_plan"),
-        ("write the answer: TLS encryption and send (transport.write)", r"RequestResponseCycle\.send|_JoinedWrites"),
-        ("JSON decode of the review (orjson.loads)", r"load_json"),
+        (
+            "write the answer: TLS encryption and send (transport.write), the idle timer re-armed",
+            r"RequestResponseCycle\.send|_JoinedWrites|_direct_writer",
+        ),
+        ("JSON decode of the review (load_json: msgspec, orjson for what does not fit)", r"load_json"),
         ("read the review's envelope and facts", r"read_review|request_facts"),
         ("the plan (webhook/mutation)", r"webhook/mutation/"),
         ("the answer: JSONPatch, base64, envelope (orjson.dumps)", r"admission_response|envelope|response \("),
         ("the decision around the plan (review.decide)", r"review\.py"),
         ("the body: receive() and the deadline watchdog", r"_read_body|BodyDeadlines|RequestResponseCycle\.receive"),
-        ("the route, the Answer, the ASGI call (server.py)", r"webhook/web/server\.py"),
-        ("HTTP parsing (httptools) and the connection's limits", r"data_received|on_url|on_header|on_message|_count"),
+        ("the route and the Answer; for /healthz the ASGI call too (server.py)", r"webhook/web/server\.py"),
+        (
+            "HTTP parsing (httptools), the connection's limits, taking an admission request directly",
+            r"data_received|on_url|on_header|on_message|_count|_take_directly|_admission_length|on_body",
+        ),
         ("uvicorn's ASGI cycle (task start, proxy headers)", r"run_asgi|ProxyHeadersMiddleware|_start_asgi_task"),
         ("TLS decryption (SSLObject.read)", r"SSLObject\.read"),
         ("TLS encryption outside the answer's write", r"SSLObject\.write"),
