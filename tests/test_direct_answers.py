@@ -193,18 +193,50 @@ def test_answers_late_bodies_and_vanished_clients_are_counted(server: Server) ->
     assert _timed(after, path) - _timed(before, path) == 3, "the answered requests are timed, the vanished one not"
 
 
-def test_a_client_that_never_reads_its_answers_stops_being_read(server: Server) -> None:
-    """Pipelined requests written without reading a single answer: the server answers until its send buffer
-    is full, then reads no more (the client's writes block) instead of holding every answer in memory."""
-    request = _post("/mutate", b"{")  # 150 bytes that earn a 400 of about the same size
+def _unread_client(server: Server) -> ssl.SSLSocket:
+    """A client with a 4 KB receive buffer that will not read."""
     raw = socket.socket()
     raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     raw.connect(("127.0.0.1", server.port))
-    conn = client_context(server.ca).wrap_socket(raw, server_hostname="localhost")
+    return client_context(server.ca).wrap_socket(raw, server_hostname="localhost")
+
+
+def _rss_mb(server: Server) -> float:
+    status = Path(f"/proc/{server.process.pid}/status").read_text()
+    return int(re.search(r"VmRSS:\s+(\d+) kB", status).group(1)) / 1024  # type: ignore[union-attr]
+
+
+def _preview_list(count: int) -> bytes:
+    obj = pod("flyte-1.15-bare.yaml")
+    items = [{**obj, "metadata": {**obj["metadata"], "name": f"p{i}"}} for i in range(count)]
+    return orjson.dumps({"apiVersion": "v1", "kind": "List", "items": items})
+
+
+@pytest.mark.parametrize("first", ["nothing", "previews"])
+def test_a_client_that_never_reads_its_answers_stops_being_read(server: Server, first: str) -> None:
+    """Pipelined requests written without reading a single answer: the server answers until its send buffer
+    is full, then reads no more (the client's writes block) instead of holding every answer in memory;
+    also when what filled the buffer were answers the application wrote (previews of a few MB)."""
+    request = _post("/mutate", b"{")  # 150 bytes that earn a 400 of about the same size
+    conn = _unread_client(server)
+    if first == "previews":
+        previews = _preview_list(150)
+        done = _counter(_metrics(server), "/preview", "ok")
+        for _ in range(3):
+            conn.sendall(
+                b"POST /preview HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                b"content-length: %d\r\n\r\n" % len(previews) + previews
+            )
+            deadline = time.monotonic() + 60
+            while _counter(_metrics(server), "/preview", "ok") == done:  # its answer is written (not read)
+                assert time.monotonic() < deadline, "a preview was not answered"
+                time.sleep(0.1)
+            done += 1
+    before = _rss_mb(server)
     batch = request * 100
     sent = 0
     try:
-        conn.settimeout(2)
+        conn.settimeout(3)
         blocked = False
         while sent < 500_000:  # 75 MB: far beyond every buffer on the way
             try:
@@ -216,9 +248,102 @@ def test_a_client_that_never_reads_its_answers_stops_being_read(server: Server) 
         assert blocked, f"the server read all {sent} requests without their answers being read"
         with server.client() as client:
             assert client.get("/healthz").status_code == 200, "other clients are still served"
-        status = Path(f"/proc/{server.process.pid}/status").read_text()
-        rss_mb = int(re.search(r"VmRSS:\s+(\d+) kB", status).group(1)) / 1024  # type: ignore[union-attr]
-        assert rss_mb < 200, f"{rss_mb:.0f} MB resident after {sent} unread answers"
+        grown = _rss_mb(server) - before
+        assert grown < 40, f"{grown:.0f} MB more resident after {sent} unread answers"
     finally:
         conn.close()
     assert "Traceback" not in server.output()
+
+
+def test_a_client_that_reads_late_gets_every_answer(server: Server) -> None:
+    """While the server does not read (its answers are not being read), the client owes nothing: no body
+    deadline and no idle timeout runs out, and once it reads, every request it sent is answered."""
+    request = _post("/mutate", orjson.dumps(review(pod("flyte-1.15-bare.yaml"))))
+    conn = _unread_client(server)
+    conn.settimeout(1)
+    stream, sent = request * 4000, 0
+    try:
+        while sent < len(stream):
+            conn.sendall(stream[sent : sent + 5107])  # pieces that end inside bodies
+            sent += 5107
+    except TimeoutError:
+        pass
+    time.sleep(3)  # past server.deadlineSeconds (0.5 s), and the idle timeout (5 s) is not reached by reads
+    conn.settimeout(10)
+    reader = Reader(conn)
+    accepted = min(sent, len(stream)) // len(request)
+    statuses = [reader.answer()[0] for _ in range(accepted)]
+    conn.close()
+    assert accepted > 100, "the client's writes blocked almost at once"
+    assert set(statuses) == {200}, statuses[-5:]
+
+
+def test_a_request_pipelined_behind_a_direct_answer_meets_its_deadline_not_the_idle_timeout(
+    tls_dir: Path, tmp_path: Path
+) -> None:
+    """The idle timeout starts when no request is in progress: a body still due (here within 3 s) behind a
+    direct answer is not cut at the idle timeout (1 s)."""
+    config = "server:\n  deadlineSeconds: 3\n  idleTimeoutSeconds: 1\n"
+    body = orjson.dumps(review(pod("flyte-1.15-bare.yaml"), uid="second"))
+    with running_server(tls_dir, tmp_path, config=config) as slow, _tls(slow) as conn:
+        second = _post("/mutate/ptrace", body)
+        conn.sendall(_post("/mutate", orjson.dumps(review(pod("flyte-1.15-bare.yaml")))) + second[:-100])
+        reader = Reader(conn)
+        assert reader.answer()[0] == 200
+        time.sleep(1.5)
+        conn.sendall(second[-100:])
+        status, _headers, answer = reader.answer()
+    assert status == 200
+    assert orjson.loads(answer)["response"]["uid"] == "second"
+
+
+@pytest.mark.parametrize(
+    ("types", "status"), [((b"text/plain", b"application/json"), 415), ((b"application/json", b"text/plain"), 200)]
+)
+def test_a_repeated_content_type_is_read_as_the_application_reads_it(
+    server: Server, types: tuple[bytes, bytes], status: int
+) -> None:
+    """The first one counts, as the application reads it (bodies.header)."""
+    body = orjson.dumps(review(pod("flyte-1.15-bare.yaml")))
+    head = b"POST /mutate HTTP/1.1\r\nhost: x\r\ncontent-type: %s\r\ncontent-type: %s\r\ncontent-length: %d\r\n\r\n"
+    with _tls(server) as conn:
+        conn.sendall(head % (*types, len(body)) + body)
+        assert Reader(conn).answer()[0] == status
+
+
+def test_requests_pipelined_behind_a_closing_answer_are_neither_answered_nor_counted(
+    tls_dir: Path, tmp_path: Path
+) -> None:
+    """Once the server drains, an answer closes its connection; the requests that came with it in the same
+    read are dropped, not answered into a closed connection, counted and logged."""
+    import signal
+
+    path = "/mutate/ptrace"
+    env = {"COPILOT_WEBHOOK_SERVER__DRAIN_SECONDS": "5"}
+    with running_server(tls_dir, tmp_path, env=env) as draining, _tls(draining) as conn:
+        reader = Reader(conn)
+        conn.sendall(_post(path, b"{"))
+        assert reader.answer()[0] == 400
+        before = _counter(_metrics(draining), path, "bad_request")
+        draining.process.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        conn.sendall(_post(path, b"{") * 51)
+        status, headers, _body = reader.answer()
+        assert conn.recv(100) == b""
+        counted = _counter(_metrics(draining), path, "bad_request") - before
+    assert (status, headers[b"connection"]) == (400, b"close")
+    assert counted == 1
+    assert "SSL connection is closed" not in draining.output()
+
+
+def test_pipelined_requests_and_the_start_of_the_next_head_are_all_answered(server: Server) -> None:
+    """Seven whole requests (35 KB) and the first bytes of an eighth in one write: the head limit counts
+    the eighth's bytes only."""
+    request = _post("/mutate/ptrace", orjson.dumps(review(pod("flyte-1.15-bare.yaml"))))
+    with _tls(server) as conn:
+        conn.sendall(request * 7 + request[:40])
+        time.sleep(0.2)
+        conn.sendall(request[40:])
+        reader = Reader(conn)
+        statuses = [reader.answer()[0] for _ in range(8)]
+    assert statuses == [200] * 8

@@ -19,8 +19,10 @@ uvicorn's httptools protocol, plus what it lacks:
 - direct answers: a POST to an admission path shaped as the API server sends it (Content-Length within
   server.maxBodyBytes, JSON, no Expect or Transfer-Encoding, nothing pipelined ahead of it still being
   answered) is answered by the connection inside the read that completes its body, by `Direct` (the
-  application's own code), without an ASGI cycle; its body meets the same deadline, and a client that
-  does not read its answers is not read from until it does (pause_writing).
+  application's own code), without an ASGI cycle; its body meets the same deadline. A client that does
+  not read its answers is not read from until it does, whoever wrote them (pause_writing,
+  on_response_complete), and owes no deadline meanwhile; the idle timeout starts only when no request is
+  in progress; requests pipelined behind an answer that closed the connection are dropped.
 It also writes each response's head together with its body's first bytes: uvicorn writes them apart, so
 a small answer cost two TLS records and two sends where one does (a third of the CPU of a /mutate went to
 those writes). It also keeps the request target as sent when it is not origin-form (`POST https://host/mutate`), so the
@@ -71,7 +73,7 @@ def _admission_length(headers: list[tuple[bytes, bytes]]) -> int | None:
             if length is not None:
                 return None
             length = value
-        elif name == b"content-type":
+        elif name == b"content-type" and content_type is None:  # the first, as the application reads it
             content_type = value
         elif name in (b"transfer-encoding", b"expect"):
             return None
@@ -233,7 +235,9 @@ class _LimitedProtocol(HttpToolsProtocol):
     _head_reads = 0  # bytes of the reads that ended inside the head (a field still arriving is not counted yet)
     _fields = 0
     _message_done = True
-    _closing = False  # answered 408 or 431: what still arrives is dropped
+    _began = False  # a message began in the read being parsed
+    _answered = False  # a direct answer was written during the read being parsed
+    _closing = False  # answered 408 or 431, or a direct answer closed the connection: the rest is dropped
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
@@ -256,6 +260,7 @@ class _LimitedProtocol(HttpToolsProtocol):
         if self._closing:
             return
         self._unset_keepalive_if_required()
+        self._began = self._answered = False
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -267,20 +272,45 @@ class _LimitedProtocol(HttpToolsProtocol):
             self.logger.warning("Invalid HTTP request received.")
             self.send_400_response("Invalid HTTP request received.")
             return
+        if self._closing:
+            return
         if self._head is not None:  # the read ended inside a head: it is slow, or large, or both
-            self._head_reads += len(data)
+            # A head that began in this read counts what its callbacks saw (earlier requests in the read are
+            # not its bytes); every later read is all head.
+            self._head_reads += self._head if self._began else len(data)
             if self._head_reads > MAX_HEAD_BYTES:
                 self._refuse(431, f"request headers over {MAX_HEAD_BYTES} bytes")
-            elif self not in self.limits.late:
+                return
+        self._start_deadlines(idle=self._answered)
+
+    def _waiting(self) -> bool:
+        """Whether the connection waits on us, not on the client: an answer still being made (a request
+        pipelined behind it is not late), or answers the client has not read (reading is paused)."""
+        return (self.cycle is not None and not self.cycle.response_complete) or self.flow.write_paused
+
+    def _start_deadlines(self, *, idle: bool) -> None:
+        """What the client owes now, and by when: the rest of a head or of a direct request's body within
+        server.deadlineSeconds, or, with no request in progress and `idle` (after a direct answer, or once
+        the client reads its answers again), a next request within the idle timeout."""
+        if self._waiting() or self.transport.is_closing():
+            return
+        if self._head is not None:
+            if self not in self.limits.late:
                 self.limits.late.start(self, self.limits.deadline)
-        elif self._pending is not None and self.direct is not None and self not in self.limits.late:
-            # A direct request's body still to come: all of it is due within server.deadlineSeconds.
-            self.limits.late.start(self, self.direct.body_seconds())
+        elif self._pending is not None and self.direct is not None:
+            if self not in self.limits.late:
+                self.limits.late.start(self, self.direct.body_seconds())
+        elif idle and self._message_done:
+            self._unset_keepalive_if_required()
+            self.timeout_keep_alive_task = self.loop.call_later(
+                self.timeout_keep_alive, self.timeout_keep_alive_handler
+            )
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._head = self._head_reads = self._fields = 0
         self._message_done = False
+        self._began = True
 
     def on_url(self, url: bytes) -> None:
         super().on_url(url)
@@ -304,6 +334,8 @@ class _LimitedProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._head = None
         self.limits.late.stop(self)
+        if self._closing:
+            return  # pipelined behind an answer that closed the connection: never answered, never counted
         if self.direct is not None and self._take_directly():
             return
         super().on_headers_complete()
@@ -342,10 +374,12 @@ class _LimitedProtocol(HttpToolsProtocol):
     def on_body(self, body: bytes) -> None:
         if self._pending is not None:
             self._pending.chunks.append(body)
-        else:
+        elif not self._closing:
             super().on_body(body)
 
     def on_message_complete(self) -> None:
+        if self._closing:
+            return
         pending = self._pending
         if pending is not None and self.direct is not None:
             self._pending = None
@@ -377,12 +411,13 @@ class _LimitedProtocol(HttpToolsProtocol):
             self.transport.write(b"".join(head))
             self.server_state.total_requests += 1
             if not keep_alive:
+                self._closing = True
                 self.transport.close()
-            elif not self.transport.is_closing():
-                self._unset_keepalive_if_required()
-                self.timeout_keep_alive_task = self.loop.call_later(
-                    self.timeout_keep_alive, self.timeout_keep_alive_handler
-                )
+                return
+            self._answered = True  # the idle timer starts once the read is parsed, if no request follows
+            if self.flow.write_paused:
+                # Answers back up (pause_writing says so once, as they cross the mark): read no more requests.
+                self.flow.pause_reading()
 
         return write
 
@@ -391,16 +426,26 @@ class _LimitedProtocol(HttpToolsProtocol):
         up (a direct answer is written at once, so pipelined requests would pile up answers unbounded)."""
         super().pause_writing()
         self.flow.pause_reading()
+        # Nothing is owed by a client we do not read from: its deadlines start again once we do.
+        self.limits.late.stop(self)
+        self._unset_keepalive_if_required()
 
     def resume_writing(self) -> None:
         super().resume_writing()
         if self.cycle is None or self.cycle.response_complete:  # else uvicorn resumes when the cycle ends
             self.flow.resume_reading()
+            self._start_deadlines(idle=True)
 
     def on_response_complete(self) -> None:
-        super().on_response_complete()
+        super().on_response_complete()  # resumes reading, and arms the idle timer when nothing is pipelined
+        if self.flow.write_paused and not self.transport.is_closing():
+            # The answers written so far are not read yet: read nothing more until they are (resume_writing).
+            self.flow.pause_reading()
+            self._unset_keepalive_if_required()
+            return
         if not self._message_done and self.cycle.response_complete and not self.transport.is_closing():
-            # Answered before the body was read (a page that takes none, a 413): the rest must come in time.
+            # Answered before the body was read (a page that takes none, a 413), or a head pipelined behind
+            # the answer: the rest must come in time.
             self.limits.late.start(self, self.limits.deadline)
 
     def overdue(self) -> None:
@@ -427,8 +472,11 @@ class _LimitedProtocol(HttpToolsProtocol):
             self.transport.close()
             return
         body = orjson.dumps({"error": message})
-        head = b"content-type: application/json\r\nconnection: close\r\ncontent-length: %d\r\n\r\n" % len(body)
-        self.transport.write(STATUS_LINE[status] + head + body)
+        head = [STATUS_LINE[status]]
+        for name, value in self.server_state.default_headers:
+            head += (name, b": ", value, b"\r\n")
+        head.append(b"content-type: application/json\r\nconnection: close\r\ncontent-length: %d\r\n\r\n" % len(body))
+        self.transport.write(b"".join(head) + body)
         self.loop.call_later(LINGER_SECONDS, self.transport.close)
 
     def shutdown(self) -> None:
