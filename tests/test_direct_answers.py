@@ -268,7 +268,7 @@ def test_a_client_that_reads_late_gets_every_answer(server: Server) -> None:
             sent += 5107
     except TimeoutError:
         pass
-    time.sleep(3)  # past server.deadlineSeconds (0.5 s), and the idle timeout (5 s) is not reached by reads
+    time.sleep(1.5)  # past server.deadlineSeconds (0.5 s); the idle timeout (5 s) cuts off a client that never reads
     conn.settimeout(10)
     reader = Reader(conn)
     accepted = min(sent, len(stream)) // len(request)
@@ -278,14 +278,19 @@ def test_a_client_that_reads_late_gets_every_answer(server: Server) -> None:
     assert set(statuses) == {200}, statuses[-5:]
 
 
-def test_a_request_pipelined_behind_a_direct_answer_meets_its_deadline_not_the_idle_timeout(
-    tls_dir: Path, tmp_path: Path
-) -> None:
+@pytest.fixture(scope="module")
+def quick(tls_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A server whose idle timeout (1 s) is shorter than its deadline (3 s)."""
+    config = "server:\n  deadlineSeconds: 3\n  idleTimeoutSeconds: 1\n"
+    with running_server(tls_dir, tmp_path_factory.mktemp("quick"), config=config) as running:
+        yield running
+
+
+def test_a_request_pipelined_behind_a_direct_answer_meets_its_deadline_not_the_idle_timeout(quick: Server) -> None:
     """The idle timeout starts when no request is in progress: a body still due (here within 3 s) behind a
     direct answer is not cut at the idle timeout (1 s)."""
-    config = "server:\n  deadlineSeconds: 3\n  idleTimeoutSeconds: 1\n"
     body = orjson.dumps(review(pod("flyte-1.15-bare.yaml"), uid="second"))
-    with running_server(tls_dir, tmp_path, config=config) as slow, _tls(slow) as conn:
+    with _tls(quick) as conn:
         second = _post("/mutate/ptrace", body)
         conn.sendall(_post("/mutate", orjson.dumps(review(pod("flyte-1.15-bare.yaml")))) + second[:-100])
         reader = Reader(conn)
@@ -295,6 +300,40 @@ def test_a_request_pipelined_behind_a_direct_answer_meets_its_deadline_not_the_i
         status, _headers, answer = reader.answer()
     assert status == 200
     assert orjson.loads(answer)["response"]["uid"] == "second"
+
+
+def test_bare_line_breaks_do_not_hold_a_connection_open(quick: Server) -> None:
+    """Empty lines between requests are allowed and ignored, and keep nothing open past the idle timeout,
+    before a first request or after an answer."""
+    with _tls(quick) as fresh, _tls(quick) as answered:
+        fresh.sendall(b"\r\n")
+        answered.sendall(_post("/mutate", b"{"))
+        assert Reader(answered).answer()[0] == 400
+        answered.sendall(b"\r\n")
+        started = time.monotonic()
+        for conn in (fresh, answered):
+            conn.settimeout(5)
+            assert conn.recv(100) == b""
+        assert time.monotonic() - started < 3
+
+
+def test_a_client_that_reads_none_of_its_answers_is_cut_off_at_the_idle_timeout(quick: Server) -> None:
+    """It owes no request while it is not read from, but it owes reading: a client that stops reading for
+    the idle timeout holds no connection (nor the answers buffered for it) any longer."""
+    conn = _unread_client(quick)
+    conn.settimeout(2)
+    try:
+        for _ in range(10_000):
+            conn.sendall(_post("/mutate", b"{") * 100)
+    except (TimeoutError, OSError):
+        pass
+    deadline = time.monotonic() + 10
+    while "cut off: its answers were not read" not in quick.output():
+        assert time.monotonic() < deadline, "a client that reads nothing was never cut off"
+        time.sleep(0.1)
+    conn.close()
+    with quick.client() as client:
+        assert client.get("/healthz").status_code == 200
 
 
 @pytest.mark.parametrize(

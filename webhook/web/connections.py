@@ -21,8 +21,10 @@ uvicorn's httptools protocol, plus what it lacks:
   answered) is answered by the connection inside the read that completes its body, by `Direct` (the
   application's own code), without an ASGI cycle; its body meets the same deadline. A client that does
   not read its answers is not read from until it does, whoever wrote them (pause_writing,
-  on_response_complete), and owes no deadline meanwhile; the idle timeout starts only when no request is
-  in progress; requests pipelined behind an answer that closed the connection are dropped.
+  on_response_complete), and owes no request bytes meanwhile, but is cut off when it reads none for the
+  idle timeout; after every read the client owes the rest of a head or body within the deadline, or,
+  with nothing in progress, a next request within the idle timeout (empty lines included); requests
+  pipelined behind an answer that closed the connection are dropped.
 It also writes each response's head together with its body's first bytes: uvicorn writes them apart, so
 a small answer cost two TLS records and two sends where one does (a third of the CPU of a /mutate went to
 those writes). It also keeps the request target as sent when it is not origin-form (`POST https://host/mutate`), so the
@@ -118,6 +120,8 @@ class Limits:
         self.draining = False
         self.refused = 0
         self.late = Deadlines()
+        # Connections whose client reads none of the answers written to it (pause_writing), until it does.
+        self.stalled = Deadlines(stalled=True)
         self._warned: dict[str, float] = {}
 
     def refuse(self, open_connections: int) -> None:
@@ -147,7 +151,8 @@ class Deadlines:
     """Connections that owe bytes by a time, kept by one watchdog rather than a timer per request: a head
     that arrives whole in one read (every request the API server sends) never gets here."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, stalled: bool = False) -> None:
+        self._stalled = stalled  # due connections are told they stalled (not reading), not that they are late
         self._due: dict[_LimitedProtocol, float] = {}
         self._armed = False
 
@@ -168,7 +173,7 @@ class Deadlines:
         now = time.monotonic()
         for conn in [c for c, due in self._due.items() if due <= now]:
             del self._due[conn]
-            conn.overdue()
+            conn.stalled() if self._stalled else conn.overdue()
         if self._due:
             loop.call_later(_TICK, self._check, loop)
         else:
@@ -236,7 +241,6 @@ class _LimitedProtocol(HttpToolsProtocol):
     _fields = 0
     _message_done = True
     _began = False  # a message began in the read being parsed
-    _answered = False  # a direct answer was written during the read being parsed
     _closing = False  # answered 408 or 431, or a direct answer closed the connection: the rest is dropped
 
     def connection_made(self, transport: Any) -> None:
@@ -250,6 +254,7 @@ class _LimitedProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.limits.late.stop(self)
+        self.limits.stalled.stop(self)
         if self._pending is not None and self.direct is not None:
             self.direct.finished(self._pending.endpoint, "client_gone", None)
             self._pending = None
@@ -260,7 +265,7 @@ class _LimitedProtocol(HttpToolsProtocol):
         if self._closing:
             return
         self._unset_keepalive_if_required()
-        self._began = self._answered = False
+        self._began = False
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -281,17 +286,17 @@ class _LimitedProtocol(HttpToolsProtocol):
             if self._head_reads > MAX_HEAD_BYTES:
                 self._refuse(431, f"request headers over {MAX_HEAD_BYTES} bytes")
                 return
-        self._start_deadlines(idle=self._answered)
+        self._start_deadlines()
 
     def _waiting(self) -> bool:
         """Whether the connection waits on us, not on the client: an answer still being made (a request
         pipelined behind it is not late), or answers the client has not read (reading is paused)."""
         return (self.cycle is not None and not self.cycle.response_complete) or self.flow.write_paused
 
-    def _start_deadlines(self, *, idle: bool) -> None:
-        """What the client owes now, and by when: the rest of a head or of a direct request's body within
-        server.deadlineSeconds, or, with no request in progress and `idle` (after a direct answer, or once
-        the client reads its answers again), a next request within the idle timeout."""
+    def _start_deadlines(self) -> None:
+        """What the client owes now, and by when, after a read or once it reads its answers again: the rest
+        of a head or a body within server.deadlineSeconds, or, with no request in progress, a next request
+        within the idle timeout (the drain's grace once the server drains)."""
         if self._waiting() or self.transport.is_closing():
             return
         if self._head is not None:
@@ -300,11 +305,13 @@ class _LimitedProtocol(HttpToolsProtocol):
         elif self._pending is not None and self.direct is not None:
             if self not in self.limits.late:
                 self.limits.late.start(self, self.direct.body_seconds())
-        elif idle and self._message_done:
+        elif not self._message_done:  # a body nobody reads: the answer went before it (a 413, GET with a body)
+            if self not in self.limits.late:
+                self.limits.late.start(self, self.limits.deadline)
+        else:
             self._unset_keepalive_if_required()
-            self.timeout_keep_alive_task = self.loop.call_later(
-                self.timeout_keep_alive, self.timeout_keep_alive_handler
-            )
+            seconds = CLOSE_GRACE_SECONDS if self.limits.draining else self.timeout_keep_alive
+            self.timeout_keep_alive_task = self.loop.call_later(seconds, self.timeout_keep_alive_handler)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -414,7 +421,6 @@ class _LimitedProtocol(HttpToolsProtocol):
                 self._closing = True
                 self.transport.close()
                 return
-            self._answered = True  # the idle timer starts once the read is parsed, if no request follows
             if self.flow.write_paused:
                 # Answers back up (pause_writing says so once, as they cross the mark): read no more requests.
                 self.flow.pause_reading()
@@ -426,15 +432,25 @@ class _LimitedProtocol(HttpToolsProtocol):
         up (a direct answer is written at once, so pipelined requests would pile up answers unbounded)."""
         super().pause_writing()
         self.flow.pause_reading()
-        # Nothing is owed by a client we do not read from: its deadlines start again once we do.
+        # A client we do not read from owes no request bytes (their deadlines start again once we read); it
+        # owes reading its answers, within the idle timeout (stalled).
         self.limits.late.stop(self)
         self._unset_keepalive_if_required()
+        self.limits.stalled.start(self, self.limits.idle_timeout)
 
     def resume_writing(self) -> None:
         super().resume_writing()
+        self.limits.stalled.stop(self)
         if self.cycle is None or self.cycle.response_complete:  # else uvicorn resumes when the cycle ends
             self.flow.resume_reading()
-            self._start_deadlines(idle=True)
+            self._start_deadlines()
+
+    def stalled(self) -> None:
+        """The client read none of its answers for the idle timeout: cut it off (a close would wait for the
+        answers to be read, which is what it does not do)."""
+        self.limits.warn("stalled", "connection from %s cut off: its answers were not read", self.client)
+        self._closing = True
+        self.transport.abort()
 
     def on_response_complete(self) -> None:
         super().on_response_complete()  # resumes reading, and arms the idle timer when nothing is pipelined
