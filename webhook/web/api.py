@@ -4,8 +4,8 @@ and interactive docs at /docs from the package's own Swagger UI assets (fastapi-
 without internet access.
 
 Admission, health, readiness and metrics stay on the plain ASGI path (server.py): every admission would
-pay the framework's own cost: FastAPI's no-op route costs about 240 µs more than ours under the same
-uvicorn, a third of a whole /mutate/ptrace (docs/performance.md). A preview's worker,
+pay the framework's own cost: FastAPI's no-op route costs about 220 µs of CPU more than ours under the
+same uvicorn, half of a whole /mutate/ptrace (docs/performance.md). A preview's worker,
 body limit and deadline are the gate's (middleware.py), in front of this app; the endpoint gets what the
 gate admitted through a dependency. Errors keep the API's `{"error": "..."}` form and 4xx statuses.
 """
