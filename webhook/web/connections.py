@@ -242,6 +242,7 @@ class _LimitedProtocol(HttpToolsProtocol):
     _message_done = True
     _began = False  # a message began in the read being parsed
     _closing = False  # answered 408 or 431, or a direct answer closed the connection: the rest is dropped
+    _unread = 0  # bytes of answers waiting for the client to read them, when it was last checked (stalled)
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
@@ -436,6 +437,7 @@ class _LimitedProtocol(HttpToolsProtocol):
         # owes reading its answers, within the idle timeout (stalled).
         self.limits.late.stop(self)
         self._unset_keepalive_if_required()
+        self._unread = self.transport.get_write_buffer_size()
         self.limits.stalled.start(self, self.limits.idle_timeout)
 
     def resume_writing(self) -> None:
@@ -446,8 +448,14 @@ class _LimitedProtocol(HttpToolsProtocol):
             self._start_deadlines()
 
     def stalled(self) -> None:
-        """The client read none of its answers for the idle timeout: cut it off (a close would wait for the
-        answers to be read, which is what it does not do)."""
+        """An idle timeout since reading paused, or since the last check: a client still reading (a large
+        preview over a slow link) gets another; one that read nothing is cut off (a close would wait for
+        the answers to be read, which is what it does not do)."""
+        unread = self.transport.get_write_buffer_size()
+        if unread < self._unread:
+            self._unread = unread
+            self.limits.stalled.start(self, self.limits.idle_timeout)
+            return
         self.limits.warn("stalled", "connection from %s cut off: its answers were not read", self.client)
         self._closing = True
         self.transport.abort()
