@@ -9,8 +9,9 @@ release from 1.19 on; built once into the Go tools cache, keyed by its sources a
 Targets are measured in turn within each round, so a noisy neighbour hurts all of them alike; the table
 gives the median over rounds of requests per second, of p50/p99 latency and of each server's CPU per
 request (user and system time of its process from /proc, while wrk ran): the cores a server may use
-differ (go-floor runs on every core, ours on one), so requests per CPU-second compare the work itself. `--baseline` adds our server
-as another checkout has it (`git worktree add /tmp/base <commit>`), to show a change did not slow /mutate.
+differ (go-floor runs on every core, ours on one), so requests per CPU-second compare the work itself.
+`--baseline` adds our server as another checkout has it (`git worktree add /tmp/base <commit>`), to show
+a change did not slow /mutate.
 """
 
 from __future__ import annotations
