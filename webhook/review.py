@@ -45,10 +45,11 @@ def no_cluster(_namespace: str) -> ClusterFacts:
 
 
 # The review as admission reads it: msgspec decodes these shapes and skips every other key without building
-# it: the metadata's managedFields (the API server records the create's before admission: about half of
-# a real review's JSON), the request's userInfo, resource kinds, options and oldObject. The pod's spec is
-# kept whole. Half the time of a parse on a real review, a third on one without managedFields; a review
-# that does not fit the shapes (a DELETE's null object, a hostile body) is parsed whole, as before.
+# it: the metadata's managedFields (the API server records the create's before admission: one entry
+# naming every field the creator set), the request's userInfo, resource kinds, options and oldObject. The
+# pod's spec is kept whole. On the benchmark's review 36 -> 28 us, with a small managedFields entry
+# 46 -> 28 us; a review that does not fit the shapes (a DELETE's null object, a hostile body) is parsed
+# whole, as before.
 class _ObjectMeta(TypedDict, total=False):
     """Every field of ObjectMeta but managedFields."""
 
