@@ -110,6 +110,16 @@ def error(status: int, message: str, headers: Iterable[tuple[bytes, bytes]] = ()
     return Answer(status, orjson.dumps({"error": message}), JSON, result=_RESULTS.get(status, "error"), headers=headers)
 
 
+def refused(exc: RequestError) -> Answer:
+    return error(exc.status, exc.message, _RETRY_AFTER if exc.status == 503 else ())
+
+
+def internal_error(what: str) -> Answer:
+    """A bug: logged with its traceback (call from an except block), answered 500 without it."""
+    log.exception("unhandled error on %s", what)
+    return error(500, "internal error; the server logged the details and keeps serving")
+
+
 def _route_path(scope: Scope) -> str:
     """The path to route on: the target exactly as sent. A percent-encoded path (`/%6dutate`) or an
     absolute-form target is never what an API server sends; routing them as their decoded path would let
@@ -162,27 +172,23 @@ class WebhookApp:
         try:
             answer = await self._route(scope, receive, path)
         except RequestError as exc:
-            answer = error(exc.status, exc.message, _RETRY_AFTER if exc.status == 503 else ())
+            answer = refused(exc)
         except ClientGone:
-            self.metrics.request(endpoint, "client_gone").inc()
+            self.finished(endpoint, "client_gone", None)
             return
         except Exception:
-            log.exception("unhandled error on %s %s", scope["method"], path)
-            answer = error(500, "internal error; the server logged the details and keeps serving")
+            answer = internal_error(f"{scope['method']} {path}")
         await _send(send, answer)
-        self.metrics.request(endpoint, answer.result).inc()
-        self._latency[endpoint].observe(time.perf_counter() - started)
+        self.finished(endpoint, answer.result, started)
 
     async def _served_by_api(self, scope: Scope, receive: Receive, send: Send, *, path: str, started: float) -> None:
         endpoint = path if path in ROUTES else "/docs"
         try:
             status = await _forward(self.api, scope, receive, send)
         except ClientGone:
-            self.metrics.request(endpoint, "client_gone").inc()
+            self.finished(endpoint, "client_gone", None)
             return
-        result = "ok" if status == 200 else _RESULTS.get(status or 0, "error")
-        self.metrics.request(endpoint, result).inc()
-        self._latency[endpoint].observe(time.perf_counter() - started)
+        self.finished(endpoint, "ok" if status == 200 else _RESULTS.get(status or 0, "error"), started)
 
     async def _route(self, scope: Scope, receive: Receive, path: str) -> Answer:
         method = ROUTES.get(path)
@@ -242,15 +248,14 @@ class WebhookApp:
         try:
             answer = self._admit(body, MUTATE_PATHS[endpoint])
         except RequestError as exc:
-            answer = error(exc.status, exc.message)
+            answer = refused(exc)
         except Exception:
-            log.exception("unhandled error on POST %s", endpoint)
-            answer = error(500, "internal error; the server logged the details and keeps serving")
+            answer = internal_error(f"POST {endpoint}")
         write(answer.status, answer.body)
         self.finished(endpoint, answer.result, started)
 
     def finished(self, endpoint: str, result: str, started: float | None) -> None:
-        """Count a request the connection answered or lost; `started` None: not timed (the client left)."""
+        """Count a request, answered or lost; `started` None: not timed (the client left)."""
         self.metrics.request(endpoint, result).inc()
         if started is not None:
             self._latency[endpoint].observe(time.perf_counter() - started)
