@@ -289,10 +289,23 @@ class _LimitedProtocol(HttpToolsProtocol):
                 return
         self._start_deadlines()
 
+    def _answering(self) -> bool:
+        """Whether an ASGI answer is still being made (a request behind it waits its turn)."""
+        return self.cycle is not None and not self.cycle.response_complete
+
     def _waiting(self) -> bool:
         """Whether the connection waits on us, not on the client: an answer still being made (a request
         pipelined behind it is not late), or answers the client has not read (reading is paused)."""
-        return (self.cycle is not None and not self.cycle.response_complete) or self.flow.write_paused
+        return self._answering() or self.flow.write_paused
+
+    def _head_of(self, status: int, fields: bytes) -> list[bytes]:
+        """The head of an answer the connection writes itself: the status line, uvicorn's default headers
+        (the date), then `fields` (each ending in CRLF)."""
+        head = [STATUS_LINE[status]]
+        for name, value in self.server_state.default_headers:
+            head += (name, b": ", value, b"\r\n")
+        head.append(fields)
+        return head
 
     def _start_deadlines(self) -> None:
         """What the client owes now, and by when, after a read or once it reads its answers again: the rest
@@ -370,7 +383,7 @@ class _LimitedProtocol(HttpToolsProtocol):
         endpoint = self.direct_paths.get(url.split(b"?", 1)[0] if b"?" in url else url)
         if endpoint is None or self.parser.get_method() != b"POST" or self.parser.should_upgrade():
             return False
-        if self.cycle is not None and not self.cycle.response_complete:
+        if self._answering():
             return False  # pipelined behind a request still being answered: it waits its turn (uvicorn)
         length = _admission_length(self.headers)
         if length is None or length > self.direct.body_limit():  # type: ignore[union-attr]
@@ -409,10 +422,7 @@ class _LimitedProtocol(HttpToolsProtocol):
     def _direct_writer(self, pending: _Pending) -> Callable[[int, bytes], None]:
         def write(status: int, body: bytes) -> None:
             keep_alive = pending.keep_alive and not self.limits.draining
-            head = [STATUS_LINE[status]]
-            for name, value in self.server_state.default_headers:
-                head += (name, b": ", value, b"\r\n")
-            head.append(b"content-type: application/json\r\ncontent-length: %d\r\n" % len(body))
+            head = self._head_of(status, b"content-type: application/json\r\ncontent-length: %d\r\n" % len(body))
             if not keep_alive:
                 head.append(b"connection: close\r\n")
             head += (b"\r\n", body)
@@ -443,7 +453,7 @@ class _LimitedProtocol(HttpToolsProtocol):
     def resume_writing(self) -> None:
         super().resume_writing()
         self.limits.stalled.stop(self)
-        if self.cycle is None or self.cycle.response_complete:  # else uvicorn resumes when the cycle ends
+        if not self._answering():  # else uvicorn resumes when the cycle ends
             self.flow.resume_reading()
             self._start_deadlines()
 
@@ -492,21 +502,18 @@ class _LimitedProtocol(HttpToolsProtocol):
         self.limits.warn(str(status), "%d from %s: %s (one line per 10 s)", status, self.client, message)
         self.limits.late.stop(self)
         self._closing = True
-        if self.cycle is not None and not self.cycle.response_complete:
+        if self._answering():
             self.transport.close()
             return
         body = orjson.dumps({"error": message})
-        head = [STATUS_LINE[status]]
-        for name, value in self.server_state.default_headers:
-            head += (name, b": ", value, b"\r\n")
-        head.append(b"content-type: application/json\r\nconnection: close\r\ncontent-length: %d\r\n\r\n" % len(body))
-        self.transport.write(b"".join(head) + body)
+        fields = b"content-type: application/json\r\nconnection: close\r\ncontent-length: %d\r\n\r\n" % len(body)
+        self.transport.write(b"".join(self._head_of(status, fields)) + body)
         self.loop.call_later(LINGER_SECONDS, self.transport.close)
 
     def shutdown(self) -> None:
         if self._pending is not None:
             self._pending.keep_alive = False  # its body is on the way: answered, then the connection closes
-        elif self.cycle is None or self.cycle.response_complete:
+        elif not self._answering():
             # Idle: a request may be on the wire already. Serve it (with Connection: close) if it comes soon.
             self._unset_keepalive_if_required()
             self.timeout_keep_alive_task = self.loop.call_later(CLOSE_GRACE_SECONDS, self.timeout_keep_alive_handler)
