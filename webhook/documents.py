@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import msgspec
 import orjson
 import yaml
 from yaml.constructor import ConstructorError
@@ -140,9 +141,20 @@ def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return obj
 
 
+def shaped(decoder: msgspec.json.Decoder[Any], data: bytes) -> Any:
+    """`data` decoded into `decoder`'s shapes, the keys outside them skipped without being built, or, when
+    it does not fit them (a malformed or hostile document), parsed whole by orjson, which refuses what is
+    not JSON with its own message (orjson.JSONDecodeError). For documents whose readers declare what they
+    read: the API server's Table pages and events, admission reviews."""
+    try:
+        return decoder.decode(data)
+    except (msgspec.DecodeError, RecursionError):  # msgspec's depth limit is a RecursionError
+        return orjson.loads(data)
+
+
 def load_json_document(data: bytes) -> Any:
     """One JSON document, refusing duplicate keys and integers beyond 64 bits (orjson would make them floats),
-    within MAX_DEPTH. For user-facing input; the admission hot path uses orjson alone (see server)."""
+    within MAX_DEPTH. For user-facing input; admission reads reviews with `shaped` (review.py)."""
     try:
         value = orjson.loads(data)
     except orjson.JSONDecodeError as exc:

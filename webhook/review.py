@@ -17,6 +17,7 @@ import msgspec
 import orjson
 
 from webhook.config import Settings
+from webhook.documents import shaped
 from webhook.errors import RequestError
 from webhook.mutation.errors import PodShapeError
 from webhook.mutation.facts import NO_CLUSTER, ClusterFacts, Facts, RequestFacts
@@ -101,13 +102,8 @@ def load_json(body: bytes) -> Any:
     """The review, parsed. msgspec validates UTF-8 only in what it builds, so a body that is not all ASCII
     (valid UTF-8, then) is parsed whole by orjson, which checks every byte, as is anything msgspec refuses:
     what is refused, and the message, stay orjson's."""
-    if body.isascii():
-        try:
-            return _REVIEW.decode(body)
-        except (msgspec.DecodeError, RecursionError):  # msgspec's depth limit is a RecursionError
-            pass
     try:
-        return orjson.loads(body)
+        return shaped(_REVIEW, body) if body.isascii() else orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         raise RequestError(400, f"body is not valid JSON: {exc}") from None
 

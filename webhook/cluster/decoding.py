@@ -11,7 +11,8 @@ from __future__ import annotations
 from typing import Any, TypedDict
 
 import msgspec
-import orjson
+
+from webhook.documents import shaped
 
 _Metadata = TypedDict(
     "_Metadata",
@@ -65,14 +66,8 @@ _event = msgspec.json.Decoder(_Event)
 
 
 def table_page(data: bytes) -> Any:
-    try:
-        return _page.decode(data)
-    except (msgspec.DecodeError, RecursionError):  # msgspec's depth limit is a RecursionError
-        return orjson.loads(data)
+    return shaped(_page, data)
 
 
 def table_event(data: bytes) -> Any:
-    try:
-        return _event.decode(data)
-    except (msgspec.DecodeError, RecursionError):
-        return orjson.loads(data)
+    return shaped(_event, data)
