@@ -42,6 +42,15 @@ class Server:
     def ca(self) -> Path:
         return self.workdir / "ca.crt"
 
+    def connect(self, timeout: float = 5) -> ssl.SSLSocket:
+        """A raw TLS connection, for tests that write HTTP themselves."""
+        raw = socket.create_connection(("127.0.0.1", self.port), timeout=timeout)
+        try:
+            return client_context(self.ca).wrap_socket(raw, server_hostname="localhost")
+        except BaseException:
+            raw.close()  # a handshake the server cut short (it is shutting down) leaves nothing open
+            raise
+
     def client(self, **kwargs: object) -> httpx.Client:
         options: dict[str, object] = {"timeout": 10, **kwargs}
         return httpx.Client(base_url=self.url, verify=client_context(self.ca), **options)  # type: ignore[arg-type]

@@ -18,7 +18,7 @@ import pytest
 
 from tests.asgi import call
 from tests.server_process import Server, client_context, running_server
-from tests.support import pod, review
+from tests.support import eventually, pod, review
 from webhook.config import build_settings
 from webhook.web.server import WebhookApp
 
@@ -49,11 +49,6 @@ def server(tls_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     config = "server:\n  deadlineSeconds: 0.5\n"
     with running_server(tls_dir, tmp_path_factory.mktemp("direct"), config=config) as running:
         yield running
-
-
-def _tls(server: Server) -> ssl.SSLSocket:
-    raw = socket.create_connection(("127.0.0.1", server.port), timeout=10)
-    return client_context(server.ca).wrap_socket(raw, server_hostname="localhost")
 
 
 def _post(path: str, body: bytes, content_type: bytes = b"application/json", version: bytes = b"1.1") -> bytes:
@@ -90,7 +85,7 @@ class Reader:
 def test_answers_are_the_applications_byte_for_byte(server: Server, path: str) -> None:
     """Every body, good or hostile, gets from the connection exactly what the ASGI application answers."""
     app = WebhookApp(build_settings({"server": {"deadlineSeconds": 0.5}}))
-    with _tls(server) as conn:
+    with server.connect() as conn:
         reader = Reader(conn)
         for name, body in BODIES.items():
             conn.sendall(_post(path, body))
@@ -113,7 +108,7 @@ def test_pipelined_requests_are_answered_in_order_around_those_the_application_a
         _post("/mutate", orjson.dumps(review(flyte, uid="p-3")), content_type=b"text/plain"),
         _post("/mutate", orjson.dumps(review(flyte, uid="p-4"))),
     ]
-    with _tls(server) as conn:
+    with server.connect() as conn:
         conn.sendall(b"".join(requests))
         reader = Reader(conn)
         answers = [reader.answer() for _ in requests]
@@ -126,7 +121,7 @@ def test_pipelined_requests_are_answered_in_order_around_those_the_application_a
 
 def test_a_body_in_many_pieces_is_answered_once_whole(server: Server) -> None:
     request = _post("/mutate", orjson.dumps(review(pod("flyte-1.15-bare.yaml"), uid="pieces")))
-    with _tls(server) as conn:
+    with server.connect() as conn:
         for i in range(0, len(request), 700):
             conn.sendall(request[i : i + 700])
             time.sleep(0.01)
@@ -138,7 +133,7 @@ def test_a_body_in_many_pieces_is_answered_once_whole(server: Server) -> None:
 
 
 def test_an_http_1_0_request_is_answered_and_its_connection_closed(server: Server) -> None:
-    with _tls(server) as conn:
+    with server.connect() as conn:
         conn.sendall(_post("/mutate", orjson.dumps(review(pod("flyte-1.15-bare.yaml"), uid="old")), version=b"1.0"))
         reader = Reader(conn)
         status, headers, body = reader.answer()
@@ -167,25 +162,23 @@ def test_answers_late_bodies_and_vanished_clients_are_counted(server: Server) ->
     path = "/mutate/image-puller"
     results = ("patched", "unchanged", "bad_request", "timeout", "client_gone")
     before = _metrics(server)
-    with _tls(server) as conn:
+    with server.connect() as conn:
         reader = Reader(conn)
         conn.sendall(_post(path, orjson.dumps(review(pod("flyte-1.15-bare.yaml")))))
         assert reader.answer()[0] == 200
         conn.sendall(_post(path, b"{"))
         assert reader.answer()[0] == 400
-    with _tls(server) as conn:  # a body that stops halfway: 408 after server.deadlineSeconds
+    with server.connect() as conn:  # a body that stops halfway: 408 after server.deadlineSeconds
         conn.sendall(_post(path, b'{"apiVersion": "admission.k8s.io/v1"}')[:-10])
         status, headers, body = Reader(conn).answer()
         assert status == 408
         assert headers[b"connection"] == b"close"
         assert b"body not received within server.deadlineSeconds (0.5 s)" in body
-    with _tls(server) as conn:  # a client that leaves halfway through its body
+    with server.connect() as conn:  # a client that leaves halfway through its body
         conn.sendall(_post(path, b'{"apiVersion": "admission.k8s.io/v1"}')[:-10])
         time.sleep(0.1)
-    deadline = time.monotonic() + 5
-    while _counter(_metrics(server), path, "client_gone") == _counter(before, path, "client_gone"):
-        assert time.monotonic() < deadline, "the vanished client was never counted"
-        time.sleep(0.05)
+    gone = _counter(before, path, "client_gone")
+    assert eventually(lambda: _counter(_metrics(server), path, "client_gone") > gone, 5), "the vanished client"
     after = _metrics(server)
     added = {result: _counter(after, path, result) - _counter(before, path, result) for result in results}
     assert added["patched"] + added["unchanged"] == 1, added
@@ -222,16 +215,16 @@ def test_a_client_that_never_reads_its_answers_stops_being_read(server: Server, 
     if first == "previews":
         previews = _preview_list(150)
         done = _counter(_metrics(server), "/preview", "ok")
-        for _ in range(3):
+        for i in range(1, 4):
             conn.sendall(
                 b"POST /preview HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
                 b"content-length: %d\r\n\r\n" % len(previews) + previews
             )
-            deadline = time.monotonic() + 60
-            while _counter(_metrics(server), "/preview", "ok") == done:  # its answer is written (not read)
-                assert time.monotonic() < deadline, "a preview was not answered"
-                time.sleep(0.1)
-            done += 1
+
+            def written(count: float = done + i) -> bool:  # its answer is written (not read) once counted
+                return _counter(_metrics(server), "/preview", "ok") >= count
+
+            assert eventually(written, 60), "a preview was not answered"
     before = _rss_mb(server)
     batch = request * 100
     sent = 0
@@ -290,7 +283,7 @@ def test_a_request_pipelined_behind_a_direct_answer_meets_its_deadline_not_the_i
     """The idle timeout starts when no request is in progress: a body still due (here within 3 s) behind a
     direct answer is not cut at the idle timeout (1 s)."""
     body = orjson.dumps(review(pod("flyte-1.15-bare.yaml"), uid="second"))
-    with _tls(quick) as conn:
+    with quick.connect() as conn:
         second = _post("/mutate/ptrace", body)
         conn.sendall(_post("/mutate", orjson.dumps(review(pod("flyte-1.15-bare.yaml")))) + second[:-100])
         reader = Reader(conn)
@@ -305,7 +298,7 @@ def test_a_request_pipelined_behind_a_direct_answer_meets_its_deadline_not_the_i
 def test_bare_line_breaks_do_not_hold_a_connection_open(quick: Server) -> None:
     """Empty lines between requests are allowed and ignored, and keep nothing open past the idle timeout,
     before a first request or after an answer."""
-    with _tls(quick) as fresh, _tls(quick) as answered:
+    with quick.connect() as fresh, quick.connect() as answered:
         fresh.sendall(b"\r\n")
         answered.sendall(_post("/mutate", b"{"))
         assert Reader(answered).answer()[0] == 400
@@ -327,10 +320,7 @@ def test_a_client_that_reads_none_of_its_answers_is_cut_off_at_the_idle_timeout(
             conn.sendall(_post("/mutate", b"{") * 100)
     except (TimeoutError, OSError):
         pass
-    deadline = time.monotonic() + 10
-    while "cut off: its answers were not read" not in quick.output():
-        assert time.monotonic() < deadline, "a client that reads nothing was never cut off"
-        time.sleep(0.1)
+    assert eventually(lambda: "cut off: its answers were not read" in quick.output()), "never cut off"
     conn.close()
     with quick.client() as client:
         assert client.get("/healthz").status_code == 200
@@ -345,7 +335,7 @@ def test_a_repeated_content_type_is_read_as_the_application_reads_it(
     """The first one counts, as the application reads it (bodies.header)."""
     body = orjson.dumps(review(pod("flyte-1.15-bare.yaml")))
     head = b"POST /mutate HTTP/1.1\r\nhost: x\r\ncontent-type: %s\r\ncontent-type: %s\r\ncontent-length: %d\r\n\r\n"
-    with _tls(server) as conn:
+    with server.connect() as conn:
         conn.sendall(head % (*types, len(body)) + body)
         assert Reader(conn).answer()[0] == status
 
@@ -359,7 +349,7 @@ def test_requests_pipelined_behind_a_closing_answer_are_neither_answered_nor_cou
 
     path = "/mutate/ptrace"
     env = {"COPILOT_WEBHOOK_SERVER__DRAIN_SECONDS": "5"}
-    with running_server(tls_dir, tmp_path, env=env) as draining, _tls(draining) as conn:
+    with running_server(tls_dir, tmp_path, env=env) as draining, draining.connect() as conn:
         reader = Reader(conn)
         conn.sendall(_post(path, b"{"))
         assert reader.answer()[0] == 400
@@ -379,7 +369,7 @@ def test_pipelined_requests_and_the_start_of_the_next_head_are_all_answered(serv
     """Seven whole requests (35 KB) and the first bytes of an eighth in one write: the head limit counts
     the eighth's bytes only."""
     request = _post("/mutate/ptrace", orjson.dumps(review(pod("flyte-1.15-bare.yaml"))))
-    with _tls(server) as conn:
+    with server.connect() as conn:
         conn.sendall(request * 7 + request[:40])
         time.sleep(0.2)
         conn.sendall(request[40:])

@@ -44,15 +44,6 @@ def _review_bytes(uid: str = "a1b2c3") -> bytes:
     return orjson.dumps(review(pod("flyte-1.15-bare.yaml"), uid=uid))
 
 
-def _tls(server: Server, timeout: float = 5) -> ssl.SSLSocket:
-    raw = socket.create_connection(("127.0.0.1", server.port), timeout=timeout)
-    try:
-        return client_context(server.ca).wrap_socket(raw, server_hostname="localhost")
-    except BaseException:
-        raw.close()  # a handshake the server cut short (it is shutting down) leaves nothing open
-        raise
-
-
 def _read_answer(conn: socket.socket) -> bytes:
     """One whole HTTP answer (headers and a Content-Length body), or what came before EOF."""
     data = b""
@@ -203,7 +194,7 @@ def test_the_largest_preview_fits_in_the_preview_timeout(output: str) -> None:
 
 @pytest.mark.parametrize("target", [b"/%6dutate", b"/mutate%2Fptrace", b"https://webhook/mutate", b"//mutate"])
 def test_targets_an_api_server_never_sends_are_not_routed(server: Server, target: bytes) -> None:
-    with _tls(server) as conn:
+    with server.connect() as conn:
         body = _review_bytes()
         conn.sendall(
             b"POST " + target + b" HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n"
@@ -245,7 +236,7 @@ def server(hardened: tuple[Server, int]) -> Server:
 
 
 def test_a_body_that_never_starts_is_answered_408(server: Server) -> None:
-    with _tls(server) as conn:
+    with server.connect() as conn:
         conn.sendall(
             b"POST /mutate HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n"
         )
@@ -255,7 +246,7 @@ def test_a_body_that_never_starts_is_answered_408(server: Server) -> None:
 
 
 def test_a_silent_connection_is_closed_after_the_idle_timeout(server: Server) -> None:
-    with _tls(server) as conn:
+    with server.connect() as conn:
         conn.settimeout(5)
         started = time.monotonic()
         assert conn.recv(1) == b"", "the server closes a connection that sends no request"
@@ -263,9 +254,9 @@ def test_a_silent_connection_is_closed_after_the_idle_timeout(server: Server) ->
 
 
 def test_connections_over_the_bound_are_closed_and_the_others_served(server: Server) -> None:
-    held = [_tls(server) for _ in range(8)]
+    held = [server.connect() for _ in range(8)]
     try:
-        extra = _tls(server)
+        extra = server.connect()
         extra.settimeout(3)
         try:
             extra.sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
@@ -290,7 +281,7 @@ PORTS = ["admission", "metrics"]
 def _open(hardened: tuple[Server, int], port: str, timeout: float = 5) -> socket.socket:
     server, metrics_port = hardened
     if port == "admission":
-        return _tls(server, timeout)
+        return server.connect(timeout)
     return socket.create_connection(("127.0.0.1", metrics_port), timeout=timeout)
 
 
@@ -493,7 +484,7 @@ def test_megabytes_of_headers_cost_the_server_no_memory(tls_dir: Path, tmp_path:
     answers: list[bytes] = []
 
     def send(fresh: Server) -> None:
-        with _tls(fresh, timeout=30) as conn:
+        with fresh.connect(timeout=30) as conn:
             try:
                 conn.sendall(flood)
                 answers.append(_read_answer(conn))
@@ -594,7 +585,7 @@ def test_sigterm_under_load_loses_no_request(tls_dir: Path, tmp_path: Path) -> N
             while not stop.is_set():
                 if conn is None:
                     try:
-                        conn = _tls(server, timeout=10)
+                        conn = server.connect(timeout=10)
                     except (OSError, ssl.SSLError):
                         return  # nothing sent on a connection that could not be made
                 body = _review_bytes(uid=f"c{n}-{i}")
