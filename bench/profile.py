@@ -28,7 +28,7 @@ from pathlib import Path
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE.parent))
 
-from bench.load import BODY, _wait_port, bench_certs, cpu_seconds  # noqa: E402 - the load benchmark's helpers
+from bench.load import BODY, _wait_port, bench_certs, cpu_seconds, wrk  # noqa: E402 - the load benchmark's helpers
 from tests.server_process import free_port, stop_process  # noqa: E402
 
 POST_LUA = 'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
@@ -63,9 +63,8 @@ PARTS: list[tuple[str, re.Pattern[str]]] = [
 
 
 def run_wrk(url: str, lua: Path | None, seconds: int) -> int:
-    command = ["wrk", "-t1", "-c16", f"-d{seconds}s", url] + (["-s", str(lua)] if lua else [])
-    out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
-    return int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
+    """The requests wrk made in `seconds`, 16 connections (bench/load.py's runner)."""
+    return int(wrk(url, lua, seconds, 16)["requests"])
 
 
 def cpu_per_request(pid: int, url: str, lua: Path | None, seconds: int) -> float:
