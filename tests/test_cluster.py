@@ -3,16 +3,22 @@ the list and watch protocol (tests/fake_apiserver.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import gc
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
+from kubernetes.client import CoreV1Api
+from kubernetes.client.exceptions import ApiException
 
 from tests.fake_apiserver import FakeAPIServer, namespace, node
 from tests.support import eventually
 from webhook.cluster.access import ClusterView, api_client
 from webhook.cluster.errors import ClusterAccessError
+from webhook.cluster.informer import Informer, list_pages
 from webhook.cluster.nodes import project_node
 from webhook.config import ClusterSettings
 
@@ -180,3 +186,74 @@ def test_cluster_access_modes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     assert api_client(ClusterSettings(enabled="auto")) is None
     with pytest.raises(ClusterAccessError, match="no service account and no kubeconfig"):
         api_client(ClusterSettings(enabled="true"))
+
+
+def test_a_first_list_asks_for_each_next_page_while_this_one_is_read(api: FakeAPIServer, tmp_path: Path) -> None:
+    api.put_many(NODES, [node(f"n{i:02d}") for i in range(30)])
+    client = api_client(ClusterSettings(kubeconfig=str(api.kubeconfig(tmp_path / "kubeconfig"))))
+    list_node = CoreV1Api(client).list_node
+    pages = list_pages(list_node, 10, ahead=True)
+    first = next(pages)
+    assert eventually(lambda: api.count("continue=") == 1)  # page 2 asked for while page 1 is still ours
+    rest = list(pages)
+    names = [item["metadata"]["name"] for page in (first, *rest) for item in page["items"]]
+    assert names == [f"n{i:02d}" for i in range(30)]
+    assert api.count("continue=") == 2
+
+    in_turn = list_pages(list_node, 10)  # a relist while serving: nothing asked for before it is read
+    next(in_turn)
+    time.sleep(0.2)
+    assert api.count("continue=") == 2
+
+    api.expire_next_continue = True  # a page fetched ahead that fails fails where it is read
+    failing = list_pages(list_node, 10, ahead=True)
+    next(failing)
+    with pytest.raises(ApiException) as caught:
+        next(failing)
+    assert caught.value.status == 410
+
+
+class _Answer:
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def release_conn(self) -> None:
+        pass
+
+
+def _paged(count: int, size: int) -> Callable[..., _Answer]:
+    """A list call that serves `count` namespaces in pages of `size`."""
+
+    def list_call(**kwargs: Any) -> _Answer:
+        start = int(kwargs.get("_continue") or 0)
+        end = min(start + size, count)
+        items = [namespace(f"ns{i}") for i in range(start, end)]
+        metadata = {"resourceVersion": "1", "continue": str(end) if end < count else ""}
+        return _Answer(orjson.dumps({"kind": "NamespaceList", "metadata": metadata, "items": items}))
+
+    return list_call
+
+
+def test_the_collector_rests_during_the_first_list_only() -> None:
+    seen: list[bool] = []
+
+    def project(obj: Any) -> str:
+        seen.append(gc.isenabled())
+        return str(obj["metadata"]["name"])
+
+    informer: Informer[str] = Informer("namespace", _paged(25, 10), project)
+    assert gc.isenabled()
+    informer.list_once()
+    assert seen == [False] * 25  # a cache growing page by page is not walked again and again
+    assert gc.isenabled()
+    seen.clear()
+    informer.list_once()  # a relist while serving: requests make garbage, the collector keeps up
+    assert seen == [True] * 25
+    assert len(informer.items) == 25
+
+    gc.disable()  # whoever turned it off keeps it off
+    try:
+        Informer("namespace", _paged(5, 10), project).list_once()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
