@@ -6,6 +6,7 @@ counted in the metrics, and a client that never reads its answers."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import socket
 import ssl
@@ -324,6 +325,42 @@ def test_a_client_that_reads_none_of_its_answers_is_cut_off_at_the_idle_timeout(
     conn.close()
     with quick.client() as client:
         assert client.get("/healthz").status_code == 200
+
+
+def test_a_client_that_reads_slowly_is_not_cut_off(quick: Server) -> None:
+    """A client whose unread answers shrink at every idle timeout is reading, if slowly (a large preview over
+    a slow link): it keeps its connection past many idle timeouts, and once it catches up it is read again.
+    Its progress shows in the socket's send queue long before in the server's own buffer."""
+    logged = len(quick.output())
+    conn = _unread_client(quick)
+    conn.settimeout(0.1)  # it starts reading well within the idle timeout of the server's pause
+    try:
+        for _ in range(10_000):
+            conn.sendall(_post("/mutate", b"{") * 100)
+    except (TimeoutError, OSError):
+        pass  # the server stopped reading: its answers are not read
+    with conn:
+        conn.settimeout(10)
+        received = b""
+        until = time.monotonic() + 4  # four idle timeouts; at this pace the answers owed take about 40 s to read
+        while time.monotonic() < until:
+            goal = len(received) + 8192  # each answer is a TLS record of its own: a recv returns one
+            while len(received) < goal:
+                chunk = conn.recv(8192)
+                assert chunk, "a client reading its answers was cut off"
+                received += chunk
+            time.sleep(0.1)
+        assert "cut off" not in quick.output()[logged:], "a client reading its answers was cut off"
+        reader = Reader(conn)
+        reader.buffer = received
+        statuses = []
+        with contextlib.suppress(ConnectionError):  # every answer owed; then the connection ends, idle or late
+            while True:
+                statuses.append(reader.answer()[0])
+    assert len(statuses) > 100
+    assert set(statuses[:-1]) == {400}, "answers to the requests sent whole"
+    assert statuses[-1] in (400, 408), "the last: answered, or the rest of the request cut mid-write was late"
+    assert "Traceback" not in quick.output()[logged:]
 
 
 @pytest.mark.parametrize(

@@ -34,7 +34,11 @@ router can refuse it: the API server only ever sends origin-form targets.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import logging
+import struct
+import termios
 import time
 import weakref
 from collections.abc import Callable, Mapping
@@ -287,6 +291,10 @@ class _LimitedProtocol(HttpToolsProtocol):
             if self._head_reads > MAX_HEAD_BYTES:
                 self._refuse(431, f"request headers over {MAX_HEAD_BYTES} bytes")
                 return
+        if self.flow.write_paused:
+            # Answers to the rest of the read's requests were written after reading paused: what the client
+            # owes reading counts from here.
+            self._unread = self._unread_bytes()
         self._start_deadlines()
 
     def _answering(self) -> bool:
@@ -447,7 +455,7 @@ class _LimitedProtocol(HttpToolsProtocol):
         # owes reading its answers, within the idle timeout (stalled).
         self.limits.late.stop(self)
         self._unset_keepalive_if_required()
-        self._unread = self.transport.get_write_buffer_size()
+        self._unread = self._unread_bytes()
         self.limits.stalled.start(self, self.limits.idle_timeout)
 
     def resume_writing(self) -> None:
@@ -461,7 +469,7 @@ class _LimitedProtocol(HttpToolsProtocol):
         """An idle timeout since reading paused, or since the last check: a client still reading (a large
         preview over a slow link) gets another; one that read nothing is cut off (a close would wait for
         the answers to be read, which is what it does not do)."""
-        unread = self.transport.get_write_buffer_size()
+        unread = self._unread_bytes()
         if unread < self._unread:
             self._unread = unread
             self.limits.stalled.start(self, self.limits.idle_timeout)
@@ -469,6 +477,16 @@ class _LimitedProtocol(HttpToolsProtocol):
         self.limits.warn("stalled", "connection from %s cut off: its answers were not read", self.client)
         self._closing = True
         self.transport.abort()
+
+    def _unread_bytes(self) -> int:
+        """Answers written and not yet read: the transport's buffer and the socket's send queue. The kernel
+        takes buffered bytes back only once a good part of its queue has drained, so a slow reader makes
+        progress there long before the transport's buffer shrinks."""
+        unread = int(self.transport.get_write_buffer_size())
+        sock = self.transport.get_extra_info("socket")
+        with contextlib.suppress(OSError, AttributeError, ValueError):
+            unread += struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]
+        return unread
 
     def on_response_complete(self) -> None:
         super().on_response_complete()  # resumes reading, and arms the idle timer when nothing is pipelined
