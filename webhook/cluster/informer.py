@@ -86,22 +86,29 @@ def list_pages(
         yield page
         if token is None:
             return
-        page = following.result() if following is not None else fetch(token)
+        if following is None:
+            page = fetch(token)
+            continue
+        try:
+            page = following.result()
+        finally:
+            following = None  # a failure's traceback holds this frame: no cycle back through the future
 
 
 def _in_background(call: Callable[[str], objects.ListPage], token: str) -> Future[objects.ListPage]:
     """`call(token)` in a daemon thread: a request hung on a dead connection never holds the process at
     exit, as a pool's worker would (concurrent.futures joins those)."""
     future: Future[objects.ListPage] = Future()
-
-    def run() -> None:
-        try:
-            future.set_result(call(token))
-        except BaseException as exc:  # handed to the caller, raised where it waits for the page
-            future.set_exception(exc)
-
-    threading.Thread(target=run, name="list-ahead", daemon=True).start()
+    threading.Thread(target=_settle, args=(future, call, token), name="list-ahead", daemon=True).start()
     return future
+
+
+def _settle(future: Future[objects.ListPage], call: Callable[[str], objects.ListPage], token: str) -> None:
+    try:
+        future.set_result(call(token))
+    except BaseException as exc:  # handed to the caller, raised where it waits for the page
+        future.set_exception(exc)
+    del future  # the failure's traceback holds this frame: it must not hold the future that holds it
 
 
 def _malloc_trim() -> Callable[[], object]:
@@ -120,8 +127,9 @@ release_free_memory = _malloc_trim()
 class _Collector:
     """The cyclic garbage collector, off while any first list runs (the node and namespace caches list at
     once, at start-up). A cache growing by pages makes the collector walk all of it again and again: a
-    sixth of a 65,000-node first list's CPU, measured. Lists leave no cycles; the collector runs again
-    after the last of them, unless it was off before. A relist while serving leaves it on."""
+    sixth of a 65,000-node first list's CPU, measured. The collector runs again after the last of them,
+    unless it was off before, and the first list collects before it freezes what it holds (a failed
+    attempt can leave cycles: an exception and the frames of its traceback). A relist leaves it on."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -281,7 +289,7 @@ class Informer(Generic[T]):
         # (a Table of 500 nodes) overlaps ours reading the last. A relist while serving does not: its rests
         # between pages are for the requests.
         pages = list_pages(self._list_call, page_size, self._headers, decode=self._decode_page, ahead=not synced)
-        with _COLLECTOR.paused() if not synced else contextlib.nullcontext():
+        with contextlib.closing(pages), _COLLECTOR.paused() if not synced else contextlib.nullcontext():
             for page in pages:
                 kept += self._take_page(page, held, items, changed=changed)
                 metadata = page.get("metadata") or {}
@@ -305,6 +313,8 @@ class Informer(Generic[T]):
         # full collection walks the whole cache, holding the interpreter 100-140 ms at 65,000 nodes
         # (measured), and a relist triggers several. The cache holds no reference cycles: what it drops
         # later is freed by reference counting, frozen or not.
+        if not synced:
+            gc.collect()  # cycles left by failed attempts (the collector rested through them), before the freeze
         gc.freeze()
         self.synced.set()
         log.info(
