@@ -330,7 +330,8 @@ def test_a_client_that_reads_none_of_its_answers_is_cut_off_at_the_idle_timeout(
 def test_a_client_that_reads_slowly_is_not_cut_off(quick: Server) -> None:
     """A client whose unread answers shrink at every idle timeout is reading, if slowly (a large preview over
     a slow link): it keeps its connection past many idle timeouts, and once it catches up it is read again.
-    Its progress shows in the socket's send queue long before in the server's own buffer."""
+    Its progress is what its end of the connection acknowledged: the server's own buffer can stay full for
+    tens of seconds while the kernel drains its send queue, then refill it in a burst."""
     logged = len(quick.output())
     conn = _unread_client(quick)
     conn.settimeout(0.1)  # it starts reading well within the idle timeout of the server's pause

@@ -21,10 +21,10 @@ uvicorn's httptools protocol, plus what it lacks:
   answered) is answered by the connection inside the read that completes its body, by `Direct` (the
   application's own code), without an ASGI cycle; its body meets the same deadline. A client that does
   not read its answers is not read from until it does, whoever wrote them (pause_writing,
-  on_response_complete), and owes no request bytes meanwhile, but is cut off when it reads none for the
-  idle timeout; after every read the client owes the rest of a head or body within the deadline, or,
-  with nothing in progress, a next request within the idle timeout (empty lines included); requests
-  pipelined behind an answer that closed the connection are dropped.
+  on_response_complete), and owes no request bytes meanwhile, but is cut off when it reads less than
+  MIN_READ_PROGRESS of them in an idle timeout; after every read the client owes the rest of a head or
+  body within the deadline, or, with nothing in progress, a next request within the idle timeout (empty
+  lines included); requests pipelined behind an answer that closed the connection are dropped.
 It also writes each response's head together with its body's first bytes: uvicorn writes them apart, so
 a small answer cost two TLS records and two sends where one does (a third of the CPU of a /mutate went to
 those writes). It also keeps the request target as sent when it is not origin-form (`POST https://host/mutate`), so the
@@ -34,11 +34,9 @@ router can refuse it: the API server only ever sends origin-form targets.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import fcntl
 import logging
+import socket
 import struct
-import termios
 import time
 import weakref
 from collections.abc import Callable, Mapping
@@ -59,6 +57,12 @@ MAX_HEADER_FIELDS = 100
 # still writing reads the answer rather than a reset.
 LINGER_SECONDS = 0.5
 _TICK = 0.1  # how often the deadlines are checked, while any is running
+# A client that does not read its answers is cut off unless it read this much of them per idle timeout.
+MIN_READ_PROGRESS = 16 * 1024
+# struct tcp_info (linux/tcp.h): the u64 tcpi_bytes_acked at offset 120, since Linux 4.1.
+_BYTES_ACKED = struct.Struct("=120xQ")
+_BYTES_ACKED_END = _BYTES_ACKED.size
+_TCP_INFO_SIZE = 256
 
 
 class Direct(Protocol):
@@ -246,7 +250,7 @@ class _LimitedProtocol(HttpToolsProtocol):
     _message_done = True
     _began = False  # a message began in the read being parsed
     _closing = False  # answered 408 or 431, or a direct answer closed the connection: the rest is dropped
-    _unread = 0  # bytes of answers waiting for the client to read them, when it was last checked (stalled)
+    _acked = 0  # bytes the client had acknowledged when its reading was last checked (stalled)
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
@@ -291,10 +295,6 @@ class _LimitedProtocol(HttpToolsProtocol):
             if self._head_reads > MAX_HEAD_BYTES:
                 self._refuse(431, f"request headers over {MAX_HEAD_BYTES} bytes")
                 return
-        if self.flow.write_paused:
-            # Answers to the rest of the read's requests were written after reading paused: what the client
-            # owes reading counts from here.
-            self._unread = self._unread_bytes()
         self._start_deadlines()
 
     def _answering(self) -> bool:
@@ -455,7 +455,7 @@ class _LimitedProtocol(HttpToolsProtocol):
         # owes reading its answers, within the idle timeout (stalled).
         self.limits.late.stop(self)
         self._unset_keepalive_if_required()
-        self._unread = self._unread_bytes()
+        self._acked = self._bytes_acked()
         self.limits.stalled.start(self, self.limits.idle_timeout)
 
     def resume_writing(self) -> None:
@@ -467,26 +467,28 @@ class _LimitedProtocol(HttpToolsProtocol):
 
     def stalled(self) -> None:
         """An idle timeout since reading paused, or since the last check: a client still reading (a large
-        preview over a slow link) gets another; one that read nothing is cut off (a close would wait for
-        the answers to be read, which is what it does not do)."""
-        unread = self._unread_bytes()
-        if unread < self._unread:
-            self._unread = unread
+        preview over a slow link) gets another; one that read less than MIN_READ_PROGRESS is cut off (a
+        close would wait for the answers to be read, which is what it does not do)."""
+        acked = self._bytes_acked()
+        if acked - self._acked >= MIN_READ_PROGRESS:
+            self._acked = acked
             self.limits.stalled.start(self, self.limits.idle_timeout)
             return
         self.limits.warn("stalled", "connection from %s cut off: its answers were not read", self.client)
         self._closing = True
         self.transport.abort()
 
-    def _unread_bytes(self) -> int:
-        """Answers written and not yet read: the transport's buffer and the socket's send queue. The kernel
-        takes buffered bytes back only once a good part of its queue has drained, so a slow reader makes
-        progress there long before the transport's buffer shrinks."""
-        unread = int(self.transport.get_write_buffer_size())
+    def _bytes_acked(self) -> int:
+        """Bytes of answers the client's end has acknowledged (Linux's TCP_INFO tcpi_bytes_acked; 0 where it
+        cannot say). Once its receive buffer is full it acknowledges only what it reads. Neither the
+        transport's buffer nor the socket's send queue measure that: the kernel refills its queue from the
+        buffers above it in bursts, so both rise and fall while a client reads steadily."""
         sock = self.transport.get_extra_info("socket")
-        with contextlib.suppress(OSError, AttributeError, ValueError):
-            unread += struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]
-        return unread
+        try:
+            info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_SIZE)
+        except (OSError, AttributeError, ValueError):
+            return 0
+        return int(_BYTES_ACKED.unpack_from(info)[0]) if len(info) >= _BYTES_ACKED_END else 0
 
     def on_response_complete(self) -> None:
         super().on_response_complete()  # resumes reading, and arms the idle timer when nothing is pipelined
