@@ -26,7 +26,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping
 from concurrent.futures import Future
 from types import MappingProxyType
 from typing import Any, Generic, TypeVar
@@ -61,7 +61,7 @@ def list_pages(
     *,
     decode: Callable[[bytes], Any] = orjson.loads,
     ahead: bool = False,
-) -> Iterator[objects.ListPage]:
+) -> Generator[objects.ListPage, None, None]:
     """Every page of a paged list (`limit`, `continue`), each parsed from raw JSON. `ahead`: each next page
     is requested as soon as the one before it has arrived, so the API server makes it while the caller
     reads this one."""
