@@ -61,7 +61,6 @@ _TICK = 0.1  # how often the deadlines are checked, while any is running
 MIN_READ_PROGRESS = 16 * 1024
 # struct tcp_info (linux/tcp.h): the u64 tcpi_bytes_acked at offset 120, since Linux 4.1.
 _BYTES_ACKED = struct.Struct("=120xQ")
-_BYTES_ACKED_END = _BYTES_ACKED.size
 _TCP_INFO_SIZE = 256
 
 
@@ -488,7 +487,7 @@ class _LimitedProtocol(HttpToolsProtocol):
             info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_SIZE)
         except (OSError, AttributeError, ValueError):
             return 0
-        return int(_BYTES_ACKED.unpack_from(info)[0]) if len(info) >= _BYTES_ACKED_END else 0
+        return int(_BYTES_ACKED.unpack_from(info)[0]) if len(info) >= _BYTES_ACKED.size else 0
 
     def on_response_complete(self) -> None:
         super().on_response_complete()  # resumes reading, and arms the idle timer when nothing is pipelined
