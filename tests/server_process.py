@@ -94,6 +94,44 @@ def running_server(
         stop_process(process)
 
 
+class Reader:
+    """HTTP/1.1 answers read one at a time from a socket: (status, headers, body)."""
+
+    def __init__(self, conn: socket.socket) -> None:
+        self.conn, self.buffer = conn, b""
+        self._taken = b""  # the bytes of the answer being read, for whole()
+
+    def answer(self) -> tuple[int, dict[bytes, bytes], bytes]:
+        while b"\r\n\r\n" not in self.buffer:
+            self._more()
+        head, _, self.buffer = self.buffer.partition(b"\r\n\r\n")
+        self._taken = head + b"\r\n\r\n"
+        lines = head.split(b"\r\n")
+        headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(b":") for line in lines[1:])}
+        length = int(headers[b"content-length"])
+        while len(self.buffer) < length:
+            self._more()
+        body, self.buffer = self.buffer[:length], self.buffer[length:]
+        self._taken += body
+        return int(lines[0].split()[1]), headers, body
+
+    def _more(self) -> None:
+        chunk = self.conn.recv(65536)
+        if not chunk:
+            raise ConnectionError(f"closed with {self.buffer[:200]!r} unread")
+        self.buffer += chunk
+
+    def whole(self) -> bytes:
+        """The next answer's bytes, head and body; or what came before the server closed the connection."""
+        self._taken = b""
+        try:
+            self.answer()
+        except ConnectionError:
+            taken, self._taken, self.buffer = self._taken + self.buffer, b"", b""
+            return taken
+        return self._taken
+
+
 def stop_process(process: subprocess.Popen[Any]) -> None:
     """SIGTERM, as Kubernetes does, then SIGKILL if it has not stopped within 15 s."""
     process.send_signal(signal.SIGTERM)

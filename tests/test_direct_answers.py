@@ -18,7 +18,7 @@ import orjson
 import pytest
 
 from tests.asgi import call
-from tests.server_process import Server, client_context, running_server
+from tests.server_process import Reader, Server, client_context, running_server
 from tests.support import eventually, pod, review
 from webhook.config import build_settings
 from webhook.web.server import WebhookApp
@@ -55,31 +55,6 @@ def server(tls_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
 def _post(path: str, body: bytes, content_type: bytes = b"application/json", version: bytes = b"1.1") -> bytes:
     head = b"POST %s?timeout=10s HTTP/%s\r\nhost: x\r\ncontent-type: %s\r\ncontent-length: %d\r\n\r\n"
     return head % (path.encode(), version, content_type, len(body)) + body
-
-
-class Reader:
-    """HTTP/1.1 answers read one at a time from a socket: (status, headers, body)."""
-
-    def __init__(self, conn: socket.socket) -> None:
-        self.conn, self.buffer = conn, b""
-
-    def answer(self) -> tuple[int, dict[bytes, bytes], bytes]:
-        while b"\r\n\r\n" not in self.buffer:
-            self._more()
-        head, _, self.buffer = self.buffer.partition(b"\r\n\r\n")
-        lines = head.split(b"\r\n")
-        headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(b":") for line in lines[1:])}
-        length = int(headers[b"content-length"])
-        while len(self.buffer) < length:
-            self._more()
-        body, self.buffer = self.buffer[:length], self.buffer[length:]
-        return int(lines[0].split()[1]), headers, body
-
-    def _more(self) -> None:
-        chunk = self.conn.recv(65536)
-        if not chunk:
-            raise ConnectionError(f"closed with {self.buffer[:200]!r} unread")
-        self.buffer += chunk
 
 
 @pytest.mark.parametrize("path", PATHS)

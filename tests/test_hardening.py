@@ -26,7 +26,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from certs.authority import KeyPair, generate_ca, issue_serving
 from tests.asgi import call, post_json
-from tests.server_process import Server, client_context, free_port, running_server
+from tests.server_process import Reader, Server, client_context, free_port, running_server
 from tests.support import GOLDEN, eventually, load_yaml, pod, review
 from webhook.config import build_settings
 from webhook.mutation.errors import PodShapeError
@@ -42,26 +42,6 @@ JSON = {"content-type": "application/json"}
 
 def _review_bytes(uid: str = "a1b2c3") -> bytes:
     return orjson.dumps(review(pod("flyte-1.15-bare.yaml"), uid=uid))
-
-
-def _read_answer(conn: socket.socket) -> bytes:
-    """One whole HTTP answer (headers and a Content-Length body), or what came before EOF."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = conn.recv(65536)
-        if not chunk:
-            return data
-        data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    length = next(
-        int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")
-    )
-    while len(body) < length:
-        chunk = conn.recv(65536)
-        if not chunk:
-            break
-        body += chunk
-    return head + b"\r\n\r\n" + body
 
 
 # --- configuration files that used to kill the server at its next reload ---------------------------------
@@ -200,7 +180,7 @@ def test_targets_an_api_server_never_sends_are_not_routed(server: Server, target
             b"POST " + target + b" HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n"
             b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body
         )
-        answer = _read_answer(conn)
+        answer = Reader(conn).whole()
     assert answer.startswith(b"HTTP/1.1 404"), answer[:200]
     assert b'"error"' in answer
 
@@ -240,7 +220,7 @@ def test_a_body_that_never_starts_is_answered_408(server: Server) -> None:
         conn.sendall(
             b"POST /mutate HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n"
         )
-        answer = _read_answer(conn)
+        answer = Reader(conn).whole()
     assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
     assert b"server.deadlineSeconds (0.5 s)" in answer
 
@@ -311,7 +291,7 @@ def test_headers_begun_and_never_finished_are_answered_408(hardened: tuple[Serve
     with _open(hardened, port) as conn:
         conn.sendall(b"GET /metrics HTTP/1.1\r\nhost: x\r\nx-slow: a")
         started = time.monotonic()
-        answer = _read_answer(conn)
+        answer = Reader(conn).whole()
         elapsed = time.monotonic() - started
     assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
     assert b"connection: close" in answer
@@ -336,7 +316,7 @@ def test_a_body_trickled_after_the_answer_meets_the_deadline_too(hardened: tuple
     hold the connection as long as it kept coming."""
     with _open(hardened, port) as conn:
         conn.sendall(b"GET /metrics HTTP/1.1\r\nhost: x\r\ncontent-length: 100000\r\n\r\n")
-        assert _read_answer(conn).startswith(b"HTTP/1.1 200")
+        assert Reader(conn).whole().startswith(b"HTTP/1.1 200")
         _, closed_after = _trickle(conn, 8)
     assert closed_after is not None, "still open after 8 s of a trickled body"
     assert closed_after < 2
@@ -445,7 +425,7 @@ def test_an_answer_is_one_tls_record_and_head_requests_and_100_continue_still_fl
         conn.sendall(request + b"expect: 100-continue\r\n\r\n")
         assert conn.recv(65536) == b"HTTP/1.1 100 Continue\r\n\r\n"
         conn.sendall(body)
-        assert _read_answer(conn).startswith(b"HTTP/1.1 200")
+        assert Reader(conn).whole().startswith(b"HTTP/1.1 200")
 
 
 HEADS = {
@@ -461,13 +441,13 @@ def test_a_head_over_the_bounds_is_answered_431(hardened: tuple[Server, int], po
     target = b"/metrics?" + b"a" * 100_000 if shape.startswith("a target") else b"/metrics"
     with _open(hardened, port) as conn:
         conn.sendall(b"GET " + target + b" HTTP/1.1\r\nhost: x\r\n" + HEADS[shape] + b"\r\n")
-        answer = _read_answer(conn)
+        answer = Reader(conn).whole()
     assert answer.startswith(b"HTTP/1.1 431"), answer[:200]
     assert b"connection: close" in answer
     assert b'"error":"request headers over' in answer
     with _open(hardened, port) as conn:
         conn.sendall(b"GET /metrics HTTP/1.1\r\nhost: x\r\n" + b"a: b\r\n" * 90 + b"x: " + b"a" * 20_000 + b"\r\n\r\n")
-        assert _read_answer(conn).startswith(b"HTTP/1.1 200"), "a head within the bounds is served"
+        assert Reader(conn).whole().startswith(b"HTTP/1.1 200"), "a head within the bounds is served"
 
 
 def _status_kb(pid: int, field: str) -> int:
@@ -487,7 +467,7 @@ def test_megabytes_of_headers_cost_the_server_no_memory(tls_dir: Path, tmp_path:
         with fresh.connect(timeout=30) as conn:
             try:
                 conn.sendall(flood)
-                answers.append(_read_answer(conn))
+                answers.append(Reader(conn).whole())
             except OSError:
                 answers.append(b"")  # closed while the flood was still being written: refused all the same
 
@@ -519,7 +499,7 @@ def test_a_websocket_upgrade_is_declined_without_an_error(hardened: tuple[Server
     server = hardened[0]
     with _open(hardened, port) as conn:
         conn.sendall(WEBSOCKET)
-        answer = _read_answer(conn)
+        answer = Reader(conn).whole()
         assert conn.recv(1) == b"", "the connection closes after the answer"
     assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
     assert b"connection: close" in answer
@@ -605,7 +585,7 @@ def test_sigterm_under_load_loses_no_request(tls_dir: Path, tmp_path: Path) -> N
                 with lock:
                     sent[0] += 1
                 try:
-                    answer = _read_answer(conn)
+                    answer = Reader(conn).whole()
                 except (OSError, ssl.SSLError):
                     answer = b""  # sent and not answered: counted as lost below
                 if answer.startswith(b"HTTP/1.1 200") and f'"uid":"c{n}-{i - 1}"'.encode() in answer:
