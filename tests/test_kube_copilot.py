@@ -43,7 +43,7 @@ import pytest
 
 from tests.controlplane import ControlPlane
 from tests.image_builds import ImageBuilder
-from tests.kube_support import ChartPods, Kube, KubeError, Obj, release, wait_for
+from tests.kube_support import ChartPods, Kube, KubeError, Obj, release, started, wait_for
 from tests.node import Node
 from tests.node_fixtures import import_images, running_node
 from tests.support import load_yaml
@@ -294,14 +294,7 @@ def webhook(kube_admin: Kube, the_node: Node, tmp_path_factory: pytest.TempPathF
     """The release, in the first setting; `runs` upgrades it to each of the others in turn."""
     kube_admin.create_namespace(PODS)
     work = tmp_path_factory.mktemp("copilot-webhook")
-    installed = release(kube_admin, NAMESPACE, work, _values(next(iter(SETTINGS))))
-    pods = ChartPods(installed, work / "pods")
-    pods.run("replica")
-    try:
-        yield pods
-    finally:
-        pods.stop()
-        installed.remove_webhooks()
+    yield from started(release(kube_admin, NAMESPACE, work, _values(next(iter(SETTINGS)))), work / "pods")
 
 
 @dataclass

@@ -27,7 +27,7 @@ import pytest
 
 from tests.controlplane import ControlPlane
 from tests.image_builds import ImageBuilder
-from tests.kube_support import ChartPods, Kube, KubeError, Obj, Release, release, wait_for
+from tests.kube_support import ChartPods, Kube, KubeError, Obj, Release, release, started, wait_for
 from tests.node import Node, NodeRegistry, node_registry
 from tests.node_fixtures import import_images, running_node
 from tests.support import load_yaml
@@ -140,14 +140,7 @@ def webhook(
     kube_admin.create_namespace(PODS)
     kube_admin.create_namespace(BASELINE_PODS, {"pod-security.kubernetes.io/enforce": "baseline"})
     work = tmp_path_factory.mktemp("node-webhook")
-    installed = release(kube_admin, NAMESPACE, work, _values(the_node, images, "Ignore"))
-    pods = ChartPods(installed, work / "pods")
-    pods.run("replica")
-    try:
-        yield pods
-    finally:
-        pods.stop()
-        installed.remove_webhooks()
+    yield from started(release(kube_admin, NAMESPACE, work, _values(the_node, images, "Ignore")), work / "pods")
 
 
 def _policy(pods: ChartPods, the_node: Node, images: Images, failure_policy: str) -> None:
