@@ -44,12 +44,16 @@ class Server:
 
     def connect(self, timeout: float = 5) -> ssl.SSLSocket:
         """A raw TLS connection, for tests that write HTTP themselves."""
-        raw = socket.create_connection(("127.0.0.1", self.port), timeout=timeout)
+        # Wrapped before it connects: wrapping a connected socket the server has already reset (it is shutting
+        # down) raises from inside ssl without closing the socket it made, and nothing here could close it.
+        conn = client_context(self.ca).wrap_socket(socket.socket(socket.AF_INET), server_hostname="localhost")
+        conn.settimeout(timeout)
         try:
-            return client_context(self.ca).wrap_socket(raw, server_hostname="localhost")
+            conn.connect(("127.0.0.1", self.port))
         except BaseException:
-            raw.close()  # a handshake the server cut short (it is shutting down) leaves nothing open
+            conn.close()  # a connection or handshake the server cut short leaves nothing open
             raise
+        return conn
 
     def client(self, **kwargs: object) -> httpx.Client:
         options: dict[str, object] = {"timeout": 10, **kwargs}
