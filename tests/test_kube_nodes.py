@@ -4,16 +4,21 @@ the API server ends with 410 Gone after etcd compacted its history."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes import client
 
 from tests.controlplane import ControlPlane
 from tests.kube_support import ChartPods, Kube, Obj, release, started, wait_for
 from tests.test_kube_install import pod
+from webhook.cluster.access import api_client
+from webhook.cluster.nodes import NodeCache
+from webhook.config import ClusterSettings
 
 PODS = Path(__file__).parent / "golden" / "pods"
 NAMESPACE = "cwnodes"
@@ -138,3 +143,56 @@ def test_a_watch_ended_by_410_gone_after_compaction_is_survived(
         )
     finally:
         kube_admin.delete("/api/v1/nodes/n-late")
+
+
+def test_paged_lists_continue_on_the_real_server_read_ahead_first(
+    kube: ControlPlane, kube_admin: Kube, tmp_path: Path
+) -> None:
+    """With pages of two, the first list asks for each next page with the real server's continue token from a
+    thread of its own while the caller reads the last; a relist asks in turn, on the caller's thread. Both
+    end holding every node with the runtime its status reports, and the relist sees what changed between."""
+    runtimes = {f"paged-{i}": "containerd://1.7.11" if i % 2 else "docker://24.0.7" for i in range(7)}
+    for name, runtime in runtimes.items():
+        add_node(kube_admin, name, runtime)
+    kubeconfig = kube.kubeconfig(tmp_path / "admin.kubeconfig")
+    api = api_client(ClusterSettings(enabled="true", kubeconfig=str(kubeconfig)))
+    assert api is not None
+    core = client.CoreV1Api(api)
+    asked: list[tuple[str, str]] = []  # (continue token, the thread that asked) of each page after the first
+
+    def list_node(**kwargs: Any) -> Any:
+        if kwargs.get("_continue"):
+            asked.append((kwargs["_continue"], threading.current_thread().name))
+        return core.list_node(**kwargs)
+
+    cache = NodeCache(list_node, page_size=2)
+    try:
+        cache.informer.list_once()
+        flavours = {name: facts.flavour for name, facts in cache.informer.items.items()}
+        assert {name: flavours.get(name) for name in runtimes} == {
+            name: runtime.split(":")[0] for name, runtime in runtimes.items()
+        }
+        assert len(asked) >= len(runtimes) // 2, asked  # other modules' nodes may add pages, never remove them
+        assert {thread for _token, thread in asked} == {"list-ahead"}
+        assert len({token for token, _thread in asked}) == len(asked)
+
+        asked.clear()
+        kube_admin.delete("/api/v1/nodes/paged-0")
+        _set_runtime(kube_admin, "paged-1", "docker://24.0.7")
+        add_node(kube_admin, "paged-7", "cri-o://1.28.0")
+        cache.informer.list_once()
+        flavours = {name: facts.flavour for name, facts in cache.informer.items.items()}
+        expected = {name: runtime.split(":")[0] for name, runtime in runtimes.items() if name != "paged-0"}
+        assert {name: flavours.get(name) for name in [*expected, "paged-7"]} == {
+            **expected,
+            "paged-1": "docker",
+            "paged-7": "cri-o",
+        }
+        assert "paged-0" not in flavours
+        assert len(asked) >= len(runtimes) // 2, asked
+        assert {thread for _token, thread in asked} == {threading.current_thread().name}
+    finally:
+        api.close()  # type: ignore[no-untyped-call]
+        for name in [*runtimes, "paged-7"]:
+            if kube_admin.exists(f"/api/v1/nodes/{name}"):
+                kube_admin.delete(f"/api/v1/nodes/{name}")
