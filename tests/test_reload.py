@@ -6,7 +6,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import orjson
+import pytest
+
 from certs.authority import generate_files
+from tests.asgi import call
+from tests.support import pod, review
 from webhook.config import build_settings
 from webhook.web.serve import Reloader
 from webhook.web.server import WebhookApp
@@ -59,3 +64,41 @@ def test_symlink_swapped_config_and_certificates_are_reloaded(tmp_path: Path) ->
     assert 'copilot_webhook_config_reloads_total{result="ok"} 1.0' in text
     assert 'copilot_webhook_config_reloads_total{result="refused"} 1.0' in text
     assert 'copilot_webhook_certificate_reloads_total{result="ok"} 1.0' in text
+
+
+def test_settings_read_only_at_start_keep_their_running_values_until_the_next_start(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The log says server, cluster and labeller changes take effect at the next start; the body limit and
+    deadline used to take effect at once for admission but not for the connection limits, and a new
+    runtimeLabel made pin mode select on a label the running labeller does not write."""
+    certs = tmp_path / "certs"
+    generate_files(certs, "svc", "ns", dns=["localhost"])
+    config = tmp_path / "config"
+    config.mkdir()
+    first = b"server:\n  maxBodyBytes: 100000\nimagePuller:\n  labeller: true\n  runtimeLabel: example.com/runtime\n"
+    _kubelet_volume(config, {"config.yaml": first}, 1)
+    tls = ReloadingTLS(TLSFiles(str(certs / "tls.crt"), str(certs / "tls.key")))
+    started = {
+        "server": {"maxBodyBytes": 100000},
+        "imagePuller": {"labeller": True, "runtimeLabel": "example.com/runtime"},
+    }
+    app = WebhookApp(build_settings(started))
+    reloader = Reloader(app, tls, str(config / "config.yaml"), overrides={})
+
+    second = b"ptrace:\n  mode: add\nserver:\n  maxBodyBytes: 10000\nimagePuller:\n  runtimeLabel: example.com/other\n"
+    _kubelet_volume(config, {"config.yaml": second}, 2)
+    reloader()
+
+    assert app.settings.ptrace.mode == "add", "what a reload may change, it changes"
+    assert app.body_limit() == 100000
+    body = orjson.dumps(review(pod("flyte-1.15-bare.yaml"), uid="big"))
+    body += b" " * (50000 - len(body))  # over the new limit, within the running one
+    assert call(app, "POST", "/mutate", body, content_type="application/json").status_code == 200
+    assert (app.settings.image_puller.labeller, app.settings.image_puller.runtime_label) == (
+        True,
+        "example.com/runtime",
+    )
+    assert "changed server, imagePuller.labeller, imagePuller.runtimeLabel: those take effect at the next start" in (
+        caplog.text
+    )

@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 
 import uvicorn
 from kubernetes.client import ApiClient
+from pydantic.alias_generators import to_camel
 
 from webhook.cluster.access import ClusterView, api_client
 from webhook.cluster.certificates import CertificateManager, own_namespace
@@ -142,13 +143,25 @@ class Reloader:
             self.app.metrics.config_reloads.labels("refused").inc()
             return
         old = self.app.settings
-        if (
-            new.server != old.server
-            or new.cluster != old.cluster
-            or new.image_puller.labeller != old.image_puller.labeller
-        ):
+        # What the server was started with stays in force until the next start, as the log line says: the
+        # listener, the connection limits and the cluster client exist once; body limits and deadlines are read
+        # from the settings at each request, so a reload would otherwise apply them to half the server.
+        started = old.image_puller
+        puller = new.image_puller
+        # A running labeller keeps the label it started with, and pin mode must select on that one.
+        kept: dict[str, object] = {"labeller": started.labeller}
+        if started.labeller:
+            kept["runtime_label"] = started.runtime_label
+        changed = [name for name in ("server", "cluster") if getattr(new, name) != getattr(old, name)]
+        changed += [f"imagePuller.{to_camel(key)}" for key, value in kept.items() if getattr(puller, key) != value]
+        if changed:
             log.warning(
-                "%s changed server, cluster or labeller settings: those take effect at the next start", self.config_file
+                "%s changed %s: those take effect at the next start, the running values stay until then",
+                self.config_file,
+                ", ".join(changed),
+            )
+            new = new.model_copy(
+                update={"server": old.server, "cluster": old.cluster, "image_puller": puller.model_copy(update=kept)}
             )
         self.app.settings = new
         self.app.metrics.config_reloads.labels("ok").inc()
