@@ -10,7 +10,14 @@ uvicorn's httptools protocol, plus what it lacks:
   time held a connection forever. A body still arriving after its answer was sent (a page that reads
   none) meets the same deadline, then the connection is closed;
 - bounds on the head (431 past MAX_HEAD_BYTES or MAX_HEADER_FIELDS): httptools takes any number of
-  headers of any size, and 4 MB of tiny ones cost 97 MB of memory;
+  headers of any size, and 4 MB of tiny ones cost 97 MB of memory; trailers after a chunked body meet the
+  same bounds (httptools joins a field's pieces by concatenation, and an endless one blocked the loop);
+- one request at a time: the parser takes a read FEED_BYTES at a time and stops once a request is complete
+  and its answer is being made; what follows waits unparsed, and unread, until the answer is written.
+  httptools parses all it is given, and one connection of pipelined GETs queued thousands of requests
+  per read (10 MB of them took the RSS from 76 to 606 MB). A request that breaks (400, 408, 431) behind
+  answers still being made is refused after them; one whose answer went already (a body nobody reads) is
+  not answered twice;
 - no protocol upgrades: no endpoint speaks websocket, so a request asking for one is answered as plain
   HTTP (a server may ignore Upgrade) and its connection closed after the answer, without a log line;
 - draining: once the server shuts down, every answer says `Connection: close`, and a connection with no
@@ -59,6 +66,9 @@ LINGER_SECONDS = 0.5
 _TICK = 0.1  # how often the deadlines are checked, while any is running
 # A client that does not read its answers is cut off unless it read this much of them per idle timeout.
 MIN_READ_PROGRESS = 16 * 1024
+# The parser takes a read this much at a time, so it can stop between requests: httptools parses whatever it
+# is given, and a 256 KB read of tiny pipelined requests queued thousands of them (a few KB each) at once.
+FEED_BYTES = 4096
 # struct tcp_info (linux/tcp.h): the u64 tcpi_bytes_acked at offset 120, since Linux 4.1.
 _BYTES_ACKED = struct.Struct("=120xQ")
 _TCP_INFO_SIZE = 256
@@ -249,6 +259,11 @@ class _LimitedProtocol(HttpToolsProtocol):
     _message_done = True
     _began = False  # a message began in the read being parsed
     _closing = False  # answered 408 or 431, or a direct answer closed the connection: the rest is dropped
+    _refusal: tuple[int, str] | None = None  # a 400, 408 or 431 held until the answers ahead of it are written
+    _unparsed = b""  # bytes read behind a request whose answer is being made: parsed once it is written
+    _trailer: int | None = None  # bytes since a chunk's size line with no data after it: trailers (or the end)
+    _quiet = True  # the piece being parsed reached no chunk, body or trailer callback
+    _answered_early = False  # the request whose body is arriving was answered already (a page that reads none)
     _acked = 0  # bytes the client had acknowledged when its reading was last checked (stalled)
 
     def connection_made(self, transport: Any) -> None:
@@ -269,32 +284,83 @@ class _LimitedProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        """uvicorn's, but for the head's bounds and deadline, and without upgrades."""
+        """uvicorn's, but for the head's bounds and deadline, without upgrades, and one request at a time: bytes
+        behind a complete request wait, unparsed and unread, until its answer is written (as Go's server
+        does), instead of each becoming a queued request (a client that pipelined requests and read no
+        answers grew the process by hundreds of MB a second)."""
         if self._closing:
             return
+        if self._unparsed or self._held():
+            self._unparsed += data  # reading is paused: at most the read that was under way
+            self.flow.pause_reading()
+            return
         self._unset_keepalive_if_required()
-        self._began = False
+        self._feed(data)
+
+    def _feed(self, data: bytes) -> None:
+        if len(data) <= FEED_BYTES:
+            if self._parse(data):
+                self._start_deadlines()
+            return
+        view = memoryview(data)
+        for start in range(0, len(data), FEED_BYTES):
+            if start and self._held():
+                self._unparsed = bytes(view[start:])
+                self.flow.pause_reading()
+                return  # no deadline runs while the connection waits on us
+            if not self._parse(view[start : start + FEED_BYTES]):
+                return
+        self._start_deadlines()
+
+    def _parse(self, data: bytes | memoryview) -> bool:
+        """Feed the parser; False when the connection reads no more (refused, closing, upgraded)."""
+        self._began, self._quiet = False, True
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            return  # the request is served as plain HTTP and its connection closed (on_headers_complete)
+            return False  # the request is served as plain HTTP and its connection closed (on_headers_complete)
         except httptools.HttpParserError as exc:
             if isinstance(exc.__context__, HeadTooLarge):
                 self._refuse(431, str(exc.__context__))
-                return
-            self.logger.warning("Invalid HTTP request received.")
-            self.send_400_response("Invalid HTTP request received.")
-            return
+            else:
+                self._refuse(400, "Invalid HTTP request received.")
+            return False
         if self._closing:
-            return
-        if self._head is not None:  # the read ended inside a head: it is slow, or large, or both
-            # A head that began in this read counts what its callbacks saw (earlier requests in the read are
-            # not its bytes); every later read is all head.
+            return False
+        if self._trailer is not None and self._quiet:  # a piece all inside trailers (or a field of them)
+            # httptools joins a field's pieces by concatenation (quadratic in the field's size) and calls
+            # on_header only once it ends: bounded here, as a head's fields are, or one endless trailer
+            # held megabytes and blocked every connection for seconds.
+            self._trailer += len(data)
+            if self._trailer > MAX_HEAD_BYTES:
+                self._refuse(431, f"request trailers over {MAX_HEAD_BYTES} bytes")
+                return False
+        if self._head is not None:  # the piece ended inside a head: it is slow, or large, or both
+            # A head that began in this piece counts what its callbacks saw (earlier requests in the piece
+            # are not its bytes); every later piece is all head.
             self._head_reads += self._head if self._began else len(data)
             if self._head_reads > MAX_HEAD_BYTES:
                 self._refuse(431, f"request headers over {MAX_HEAD_BYTES} bytes")
-                return
-        self._start_deadlines()
+                return False
+        return True
+
+    def _held(self) -> bool:
+        """Whether parsing waits: answers the client has not read, or a complete request's answer still being
+        made (the body of the request being answered is still parsed: the application reads it)."""
+        return self.flow.write_paused or (self._message_done and self._answering())
+
+    def _resume(self) -> None:
+        """The connection stopped waiting on us: parse what was read meanwhile, then read again."""
+        if self._closing or self.transport.is_closing() or self._held():
+            return
+        if self._unparsed:
+            data, self._unparsed = self._unparsed, b""
+            self._unset_keepalive_if_required()
+            self._feed(data)  # starts the deadlines, or holds the rest again
+        else:
+            self._start_deadlines()
+        if not self._unparsed and not self._held() and not self._closing:
+            self.flow.resume_reading()
 
     def _answering(self) -> bool:
         """Whether an ASGI answer is still being made (a request behind it waits its turn)."""
@@ -336,8 +402,11 @@ class _LimitedProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        # An idle timer armed as the last request's unread body ended, in the read this one began in.
+        self._unset_keepalive_if_required()
         self._head = self._head_reads = self._fields = 0
-        self._message_done = False
+        self._message_done = self._answered_early = False
+        self._trailer = None
         self._began = True
 
     def on_url(self, url: bytes) -> None:
@@ -349,6 +418,12 @@ class _LimitedProtocol(HttpToolsProtocol):
         self._fields += 1
         if self._fields > MAX_HEADER_FIELDS:
             raise HeadTooLarge(f"request headers over {MAX_HEADER_FIELDS} fields")
+        if self._head is None:  # a trailer, after a chunked body: counted with the head's fields, not a head
+            self._quiet = False
+            self._trailer = (self._trailer or 0) + len(name) + len(value) + 4
+            if self._trailer > MAX_HEAD_BYTES:
+                raise HeadTooLarge(f"request trailers over {MAX_HEAD_BYTES} bytes")
+            return
         self._count(len(name) + len(value) + 4)
 
     def _count(self, size: int) -> None:
@@ -399,13 +474,18 @@ class _LimitedProtocol(HttpToolsProtocol):
         self._pending = _Pending(endpoint, keep_alive, time.perf_counter())
         return True
 
+    def on_chunk_header(self) -> None:
+        self._trailer, self._quiet = 0, False  # data follows, or (after the last chunk) trailers
+
     def on_body(self, body: bytes) -> None:
+        self._trailer, self._quiet = None, False
         if self._pending is not None:
             self._pending.chunks.append(body)
         elif not self._closing:
             super().on_body(body)
 
     def on_message_complete(self) -> None:
+        self._trailer, self._quiet, self._answered_early = None, False, False
         if self._closing:
             return
         pending = self._pending
@@ -460,9 +540,8 @@ class _LimitedProtocol(HttpToolsProtocol):
     def resume_writing(self) -> None:
         super().resume_writing()
         self.limits.stalled.stop(self)
-        if not self._answering():  # else uvicorn resumes when the cycle ends
-            self.flow.resume_reading()
-            self._start_deadlines()
+        if not self._answering():  # else reading resumes when the answer is written (on_response_complete)
+            self._resume()
 
     def stalled(self) -> None:
         """An idle timeout since reading paused, or since the last check: a client still reading (a large
@@ -491,14 +570,25 @@ class _LimitedProtocol(HttpToolsProtocol):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()  # resumes reading, and arms the idle timer when nothing is pipelined
-        if self.flow.write_paused and not self.transport.is_closing():
-            # The answers written so far are not read yet: read nothing more until they are (resume_writing).
+        if self.transport.is_closing():
+            return
+        if self._refusal is not None:  # the answers ahead of it are written: now the refusal, then the close
+            if not self._answering():
+                self._unset_keepalive_if_required()
+                self._answer_refusal(*self._refusal)
+            return
+        if self.flow.write_paused or self._unparsed:
+            # The answers written so far are not read yet (resume_writing), or requests wait unparsed: read
+            # nothing more until they are, or before those are parsed.
             self.flow.pause_reading()
             self._unset_keepalive_if_required()
+            if not self.flow.write_paused and not self._answering():
+                self.loop.call_soon(self._resume)  # not inside the application's send()
             return
-        if not self._message_done and self.cycle.response_complete and not self.transport.is_closing():
+        if not self._message_done and self.cycle.response_complete:
             # Answered before the body was read (a page that takes none, a 413), or a head pipelined behind
             # the answer: the rest must come in time.
+            self._answered_early = self._head is None
             self.limits.late.start(self, self.limits.deadline)
 
     def overdue(self) -> None:
@@ -521,9 +611,19 @@ class _LimitedProtocol(HttpToolsProtocol):
         self.limits.warn(str(status), "%d from %s: %s (one line per 10 s)", status, self.client, message)
         self.limits.late.stop(self)
         self._closing = True
-        if self._answering():
+        if self._answered_early:  # the request that broke has its answer: a second one would answer nothing
             self.transport.close()
             return
+        if self._answering():
+            if self.cycle.more_body:  # the request being answered is the one that broke: no answer is right
+                self.transport.close()
+            else:  # a later request: after the answers to those before it
+                self._refusal = (status, message)
+            return
+        self._answer_refusal(status, message)
+
+    def _answer_refusal(self, status: int, message: str) -> None:
+        self._refusal = None
         body = orjson.dumps({"error": message})
         fields = b"content-type: application/json\r\nconnection: close\r\ncontent-length: %d\r\n\r\n" % len(body)
         self.transport.write(b"".join(self._head_of(status, fields)) + body)
@@ -532,6 +632,8 @@ class _LimitedProtocol(HttpToolsProtocol):
     def shutdown(self) -> None:
         if self._pending is not None:
             self._pending.keep_alive = False  # its body is on the way: answered, then the connection closes
+        elif self._head is not None:
+            pass  # a head on the way: answered (with Connection: close) if it arrives within its deadline
         elif not self._answering():
             # Idle: a request may be on the wire already. Serve it (with Connection: close) if it comes soon.
             self._unset_keepalive_if_required()

@@ -1,0 +1,224 @@
+"""One request at a time on a connection (connections.py): bytes behind a request whose answer is being made
+wait unparsed until it is written, so a client that pipelines without reading costs the server no memory;
+a request that breaks behind answers still being made is refused after them; and the timers that bound a
+connection (idle, head deadline, drain grace) start from what the client actually owes. On the admission
+port and the plain-HTTP metrics port alike."""
+
+from __future__ import annotations
+
+import re
+import signal
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+
+from tests.server_process import Reader, Server, client_context, free_port, running_server
+from tests.support import pod, review
+
+PORTS = ["admission", "metrics"]
+HEALTHZ = b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n"
+# What HEALTHZ gets on each port: the metrics port serves /metrics only, and its small 404 serves as well.
+ANSWERS = {
+    "admission": (200, b'{"status":"ok"}'),
+    "metrics": (404, b'{"error":"no endpoint /healthz; this port serves GET /metrics only"}'),
+}
+
+
+@pytest.fixture(scope="module")
+def served(tls_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, int]]:
+    """A head deadline of 1 s and the default idle timeout (5 s), with a metrics port."""
+    metrics_port = free_port()
+    config = f"server:\n  deadlineSeconds: 1\n  metricsPort: {metrics_port}\n"
+    with running_server(tls_dir, tmp_path_factory.mktemp("connections"), config=config) as running:
+        yield running, metrics_port
+
+
+def _open(served: tuple[Server, int], port: str, receive_buffer: int | None = None) -> socket.socket:
+    server, metrics_port = served
+    raw = socket.socket()
+    if receive_buffer is not None:
+        raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+    raw.settimeout(5)
+    raw.connect(("127.0.0.1", server.port if port == "admission" else metrics_port))
+    if port == "metrics":
+        return raw
+    return client_context(server.ca).wrap_socket(raw, server_hostname="localhost")
+
+
+def _rss_mb(server: Server) -> float:
+    status = Path(f"/proc/{server.process.pid}/status").read_text()
+    return int(re.search(r"VmRSS:\s+(\d+) kB", status).group(1)) / 1024  # type: ignore[union-attr]
+
+
+def _post(body: bytes, path: bytes = b"/mutate") -> bytes:
+    head = b"POST %s HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+    return head % (path, len(body)) + body
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads the server's RSS from /proc")
+@pytest.mark.parametrize("port", PORTS)
+def test_pipelined_requests_unread_cost_no_memory_and_are_all_answered_once_read(
+    served: tuple[Server, int], port: str
+) -> None:
+    """Tiny requests pipelined by a client that reads nothing: the server used to parse each read whole,
+    every request in it becoming a queued ASGI cycle, and 10 MB of them grew it from 76 to 606 MB.
+    Now it stops reading (the client's writes block) and answers every request, in order, once read."""
+    server = served[0]
+    conn = _open(served, port, receive_buffer=4096)
+    before = _rss_mb(server)
+    batch, sent, blocked = HEALTHZ * 1000, 0, False
+    conn.settimeout(1.5)
+    try:
+        while sent < 300_000:  # 10 MB of requests
+            try:
+                conn.sendall(batch)
+            except TimeoutError:
+                blocked = True
+                break
+            sent += 1000
+        grown = _rss_mb(server) - before
+        assert blocked, f"the server read all {sent} requests without their answers being read"
+        assert grown < 40, f"{grown:.0f} MB more resident after {sent} pipelined requests"
+        conn.settimeout(10)
+        reader = Reader(conn)
+        answers = {reader.answer()[::2] for _ in range(sent)}
+    finally:
+        conn.close()
+    assert sent >= 1000
+    assert answers == {ANSWERS[port]}
+    assert "Traceback" not in server.output()
+
+
+@pytest.mark.parametrize("port", PORTS)
+@pytest.mark.parametrize("garbage", [b"\x16\x03\x01\x02\x00garbage\r\n\r\n", b"GET / HTTP/1.1\r\nbad header\r\n\r\n"])
+def test_garbage_behind_an_answer_being_made_is_refused_after_it(
+    served: tuple[Server, int], port: str, garbage: bytes
+) -> None:
+    """A good request and garbage in one write: the answer to the good one used to be lost with the
+    connection; now it comes, then a 400 naming the problem, then the close."""
+    with _open(served, port) as conn:
+        conn.sendall(HEALTHZ + garbage)
+        reader = Reader(conn)
+        first = reader.answer()
+        status, headers, body = reader.answer()
+        assert conn.recv(100) == b""
+    assert first[::2] == ANSWERS[port]
+    assert (status, headers[b"connection"]) == (400, b"close")
+    assert orjson.loads(body) == {"error": "Invalid HTTP request received."}
+    assert "Traceback" not in served[0].output()
+
+
+def test_an_unread_body_does_not_leave_the_idle_timer_on_the_next_request(tls_dir: Path, tmp_path: Path) -> None:
+    """A GET's declared body is not read by the page, its answer goes first; when the rest of that body and
+    the start of the next request came in one read, the idle timer armed as the body ended cut the next
+    request off at the idle timeout (1 s) although its body was due within the deadline (3 s)."""
+    config = "server:\n  deadlineSeconds: 3\n  idleTimeoutSeconds: 1\n"
+    admission = _post(orjson.dumps(review(pod("flyte-1.15-bare.yaml"), uid="after-the-body")))
+    with running_server(tls_dir, tmp_path, config=config) as server, server.connect() as conn:
+        conn.sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\ncontent-length: 10\r\n\r\n")
+        reader = Reader(conn)
+        assert reader.answer()[0] == 200
+        conn.sendall(b"0123456789" + admission[:-100])
+        time.sleep(1.5)
+        conn.sendall(admission[-100:])
+        status, _headers, body = reader.answer()
+    assert status == 200
+    assert orjson.loads(body)["response"]["uid"] == "after-the-body"
+
+
+@pytest.mark.parametrize("port", PORTS)
+def test_trailers_are_not_taken_for_a_head_that_never_ends(served: tuple[Server, int], port: str) -> None:
+    """Trailers after a chunked body count toward the head's field limit but are no head: trailers that came
+    after the answer (the page reads no body) left the connection owing a head, answered 408 at the head
+    deadline while it was idle."""
+    with _open(served, port) as conn:
+        conn.sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n0\r\n")
+        reader = Reader(conn)
+        assert reader.answer()[::2] == ANSWERS[port]
+        conn.sendall(b"x-trailer: 1\r\n\r\n")
+        time.sleep(1.5)  # past the head deadline (1 s), within the idle timeout (5 s)
+        conn.sendall(HEALTHZ)
+        assert reader.answer()[::2] == ANSWERS[port]
+
+
+@pytest.fixture(scope="module")
+def patient(tls_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, int]]:
+    """A head and body deadline of 10 s: what closes a connection sooner is not a deadline."""
+    metrics_port = free_port()
+    config = f"server:\n  deadlineSeconds: 10\n  metricsPort: {metrics_port}\n"
+    with running_server(tls_dir, tmp_path_factory.mktemp("patient"), config=config) as running:
+        yield running, metrics_port
+
+
+@pytest.mark.parametrize(
+    ("port", "request_head"),
+    [
+        ("admission", b"POST /preview HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"),
+        ("admission", b"GET /healthz HTTP/1.1\r\nhost: x\r\n"),
+        ("metrics", b"GET /metrics HTTP/1.1\r\nhost: x\r\n"),
+    ],
+)
+def test_endless_trailers_are_cut_off_at_the_head_bound(
+    patient: tuple[Server, int], port: str, request_head: bytes
+) -> None:
+    """httptools joins the pieces of a header field by concatenation and reports it once it ends: a trailer
+    field that never ended held every byte sent and blocked the event loop for seconds (a /mutate's body
+    deadline of 2 s fired after 19 s). Trailers are bounded as a head is, and the connection closes long
+    before its deadline; a request already answered (a page that reads no body) gets no second answer."""
+    server = patient[0]
+    started = time.monotonic()
+    with _open(patient, port) as conn:
+        conn.sendall(request_head + b"transfer-encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\nx-endless: ")
+        try:
+            for _ in range(64):  # 4 MB
+                conn.sendall(b"a" * 65536)
+        except OSError:
+            pass  # reset: the server closed while the trailer was still arriving
+        conn.settimeout(5)
+        received = b""
+        try:
+            while chunk := conn.recv(65536):
+                received += chunk
+        except TimeoutError:
+            pytest.fail(f"still open {time.monotonic() - started:.1f} s after an endless trailer began")
+        except OSError:
+            pass  # reset
+    assert received.count(b"HTTP/1.1 ") <= 1, received[:300]
+    assert b"HTTP/1.1 408" not in received
+    with server.client() as client:
+        assert client.get("/healthz").status_code == 200
+    assert "Traceback" not in server.output()
+
+
+def test_a_head_on_the_way_at_shutdown_is_answered_within_its_deadline(tls_dir: Path, tmp_path: Path) -> None:
+    """Once the drain ends, a connection idle between requests gets half a second to deliver one; a
+    connection whose head is arriving has its head deadline instead, and used to be cut at the half second."""
+    config = "server:\n  deadlineSeconds: 3\n"
+    with running_server(tls_dir, tmp_path, config=config) as server, server.connect() as conn:  # a 0.2 s drain
+        conn.sendall(HEALTHZ[:20])
+        time.sleep(0.2)
+        server.process.send_signal(signal.SIGTERM)
+        time.sleep(1.2)
+        conn.sendall(HEALTHZ[20:])
+        reader = Reader(conn)
+        status, headers, _body = reader.answer()
+        assert conn.recv(100) == b""
+    assert (status, headers[b"connection"]) == (200, b"close")
+
+
+def test_a_client_that_closes_behind_pipelined_requests_leaves_nothing_behind(served: tuple[Server, int]) -> None:
+    """Pipelined requests and then a close without reading: the server drops what waited unparsed, logs
+    nothing alarming and serves the next client."""
+    server = served[0]
+    for _ in range(20):
+        conn = _open(served, "admission")
+        conn.sendall(HEALTHZ * 2000)
+        conn.close()
+    with server.client() as client:
+        assert client.get("/healthz").status_code == 200
+    assert "Traceback" not in server.output()
+    assert " ERROR " not in server.output()
