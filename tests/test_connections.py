@@ -28,13 +28,17 @@ ANSWERS = {
 }
 
 
+def _with_metrics_port(tls_dir: Path, workdir: Path, deadline: float) -> Iterator[tuple[Server, int]]:
+    metrics_port = free_port()
+    config = f"server:\n  deadlineSeconds: {deadline}\n  metricsPort: {metrics_port}\n"
+    with running_server(tls_dir, workdir, config=config) as running:
+        yield running, metrics_port
+
+
 @pytest.fixture(scope="module")
 def served(tls_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, int]]:
     """A head deadline of 1 s and the default idle timeout (5 s), with a metrics port."""
-    metrics_port = free_port()
-    config = f"server:\n  deadlineSeconds: 1\n  metricsPort: {metrics_port}\n"
-    with running_server(tls_dir, tmp_path_factory.mktemp("connections"), config=config) as running:
-        yield running, metrics_port
+    yield from _with_metrics_port(tls_dir, tmp_path_factory.mktemp("connections"), 1)
 
 
 def _open(served: tuple[Server, int], port: str, receive_buffer: int | None = None) -> socket.socket:
@@ -148,10 +152,7 @@ def test_trailers_are_not_taken_for_a_head_that_never_ends(served: tuple[Server,
 @pytest.fixture(scope="module")
 def patient(tls_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, int]]:
     """A head and body deadline of 10 s: what closes a connection sooner is not a deadline."""
-    metrics_port = free_port()
-    config = f"server:\n  deadlineSeconds: 10\n  metricsPort: {metrics_port}\n"
-    with running_server(tls_dir, tmp_path_factory.mktemp("patient"), config=config) as running:
-        yield running, metrics_port
+    yield from _with_metrics_port(tls_dir, tmp_path_factory.mktemp("patient"), 10)
 
 
 @pytest.mark.parametrize(
