@@ -98,7 +98,14 @@ def test_pipelined_requests_unread_cost_no_memory_and_are_all_answered_once_read
 
 
 @pytest.mark.parametrize("port", PORTS)
-@pytest.mark.parametrize("garbage", [b"\x16\x03\x01\x02\x00garbage\r\n\r\n", b"GET / HTTP/1.1\r\nbad header\r\n\r\n"])
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        b"\x16\x03\x01\x02\x00garbage\r\n\r\n",
+        b"GET / HTTP/1.1\r\nbad header\r\n\r\n",
+        b"POST /healthz HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n",  # in a queued body
+    ],
+)
 def test_garbage_behind_an_answer_being_made_is_refused_after_it(
     served: tuple[Server, int], port: str, garbage: bytes
 ) -> None:
@@ -114,6 +121,42 @@ def test_garbage_behind_an_answer_being_made_is_refused_after_it(
     assert (status, headers[b"connection"]) == (400, b"close")
     assert orjson.loads(body) == {"error": "Invalid HTTP request received."}
     assert "Traceback" not in served[0].output()
+
+
+def test_a_body_that_arrived_while_answers_went_unread_is_read_once_they_are(tls_dir: Path, tmp_path: Path) -> None:
+    """Two large answers the client does not read yet stop the server reading; the body of a third request,
+    begun before that, arrives meanwhile and waits. Once the client reads, that body used to stay unread
+    until its deadline answered 408, although it had arrived in time."""
+    config = "server:\n  deadlineSeconds: 3\n  maxBodyBytes: 30000000\n"
+
+    def large(uid_bytes: int) -> bytes:  # its answer echoes the uid: megabytes the client must read
+        return _post(orjson.dumps(review(pod("flyte-1.15-bare.yaml"), uid="u" * uid_bytes)))
+
+    body = orjson.dumps(review(pod("flyte-1.15-bare.yaml"), uid="third"))
+    third = (  # chunked: the application reads it, not the connection
+        b"POST /mutate HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n"
+        + b"%x\r\n" % len(body)
+        + body
+        + b"\r\n0\r\n\r\n"
+    )
+    cut = third.index(b"\r\n\r\n") + 14
+    first, second = large(8_000_000), large(1_000_000)
+    with running_server(tls_dir, tmp_path, config=config) as server:
+        conn = _open((server, 0), "admission", receive_buffer=4096)
+        conn.settimeout(10)
+        with conn:
+            conn.sendall(first)
+            time.sleep(0.3)
+            conn.sendall(second[:-200])
+            time.sleep(0.3)
+            conn.sendall(second[-200:] + third[:cut])
+            time.sleep(0.3)
+            conn.sendall(third[cut:])
+            time.sleep(0.3)
+            reader = Reader(conn)
+            answers = [reader.answer() for _ in range(3)]
+    assert [status for status, _headers, _body in answers] == [200, 200, 200], answers[2][2][:200]
+    assert orjson.loads(answers[2][2])["response"]["uid"] == "third"
 
 
 def test_an_unread_body_does_not_leave_the_idle_timer_on_the_next_request(tls_dir: Path, tmp_path: Path) -> None:

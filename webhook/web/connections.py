@@ -19,7 +19,8 @@ uvicorn's httptools protocol, plus what it lacks:
   answers still being made is refused after them; one whose answer went already (a body nobody reads) is
   not answered twice;
 - no protocol upgrades: no endpoint speaks websocket, so a request asking for one is answered as plain
-  HTTP (a server may ignore Upgrade) and its connection closed after the answer, without a log line;
+  HTTP (a server may ignore Upgrade) and its connection closed after the answer, without a log line; the
+  parser ends such a request at its head, so a body it declares is not read (an empty body's answer);
 - draining: once the server shuts down, every answer says `Connection: close`, and a connection with no
   request in flight gets a short grace to deliver one it may already have sent, instead of the immediate
   close that made clients lose the request they had just written on an idle keep-alive connection.
@@ -264,6 +265,7 @@ class _LimitedProtocol(HttpToolsProtocol):
     _trailer: int | None = None  # bytes since a chunk's size line with no data after it: trailers (or the end)
     _quiet = True  # the piece being parsed reached no chunk, body or trailer callback
     _answered_early = False  # the request whose body is arriving was answered already (a page that reads none)
+    _running: Any = None  # the ASGI cycle started last (self.cycle may be one queued behind it)
     _acked = 0  # bytes the client had acknowledged when its reading was last checked (stalled)
 
     def connection_made(self, transport: Any) -> None:
@@ -431,6 +433,10 @@ class _LimitedProtocol(HttpToolsProtocol):
         if self._head > MAX_HEAD_BYTES:
             raise HeadTooLarge(f"request headers over {MAX_HEAD_BYTES} bytes")
 
+    def _start_asgi_task(self, cycle: Any, app: Any) -> None:
+        self._running = cycle
+        super()._start_asgi_task(cycle, app)
+
     def _should_upgrade(self) -> bool:
         return False  # whatever websocket library is installed: no endpoint speaks websocket
 
@@ -540,8 +546,9 @@ class _LimitedProtocol(HttpToolsProtocol):
     def resume_writing(self) -> None:
         super().resume_writing()
         self.limits.stalled.stop(self)
-        if not self._answering():  # else reading resumes when the answer is written (on_response_complete)
-            self._resume()
+        # Also while an answer is being made: its request's body may be what waits unparsed, and the
+        # application reading it asks for no more (it resumed reading before the client stopped reading).
+        self._resume()
 
     def stalled(self) -> None:
         """An idle timeout since reading paused, or since the last check: a client still reading (a large
@@ -615,9 +622,15 @@ class _LimitedProtocol(HttpToolsProtocol):
             self.transport.close()
             return
         if self._answering():
-            if self.cycle.more_body:  # the request being answered is the one that broke: no answer is right
-                self.transport.close()
-            else:  # a later request: after the answers to those before it
+            if self._head is None and not self._message_done and self.pipeline and self.pipeline[0][0] is self.cycle:
+                # The request that broke (in its body) is queued behind answers still being made: it never
+                # starts, and its refusal follows those answers.
+                self.pipeline.popleft()
+                self.cycle = self.pipeline[0][0] if self.pipeline else self._running
+                self._refusal = (status, message)
+            elif self._head is None and not self._message_done and self.cycle.more_body:
+                self.transport.close()  # the request being answered is the one that broke: no answer is right
+            else:  # a later request, in its head: after the answers to those before it
                 self._refusal = (status, message)
             return
         self._answer_refusal(status, message)
