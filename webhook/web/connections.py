@@ -622,13 +622,14 @@ class _LimitedProtocol(HttpToolsProtocol):
             self.transport.close()
             return
         if self._answering():
-            if self._head is None and not self._message_done and self.pipeline and self.pipeline[0][0] is self.cycle:
-                # The request that broke (in its body) is queued behind answers still being made: it never
-                # starts, and its refusal follows those answers.
+            in_body = self._head is None and not self._message_done  # it broke in self.cycle's body
+            if in_body and self.pipeline and self.pipeline[0][0] is self.cycle:
+                # The request that broke is queued behind answers still being made: it never starts, and its
+                # refusal follows those answers.
                 self.pipeline.popleft()
                 self.cycle = self.pipeline[0][0] if self.pipeline else self._running
                 self._refusal = (status, message)
-            elif self._head is None and not self._message_done and self.cycle.more_body:
+            elif in_body and self.cycle.more_body:
                 self.transport.close()  # the request being answered is the one that broke: no answer is right
             else:  # a later request, in its head: after the answers to those before it
                 self._refusal = (status, message)
