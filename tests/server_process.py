@@ -42,11 +42,14 @@ class Server:
     def ca(self) -> Path:
         return self.workdir / "ca.crt"
 
-    def connect(self, timeout: float = 5) -> ssl.SSLSocket:
-        """A raw TLS connection, for tests that write HTTP themselves."""
+    def connect(self, timeout: float | None = 5, receive_buffer: int | None = None) -> ssl.SSLSocket:
+        """A raw TLS connection, for tests that write HTTP themselves; `receive_buffer` (SO_RCVBUF, set before
+        it connects so the window follows it) makes a client that does not read fill up soon."""
         # Wrapped before it connects: wrapping a connected socket the server has already reset (it is shutting
         # down) raises from inside ssl without closing the socket it made, and nothing here could close it.
         conn = client_context(self.ca).wrap_socket(socket.socket(socket.AF_INET), server_hostname="localhost")
+        if receive_buffer is not None:
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
         conn.settimeout(timeout)
         try:
             conn.connect(("127.0.0.1", self.port))
@@ -61,6 +64,33 @@ class Server:
 
     def output(self) -> str:
         return self.log.read_text()
+
+
+def open_port(
+    served: tuple[Server, int], port: str, timeout: float = 5, receive_buffer: int | None = None
+) -> socket.socket:
+    """A raw connection to the server's TLS port (`port` "admission") or its plain metrics port ("metrics")."""
+    server, metrics_port = served
+    if port == "admission":
+        return server.connect(timeout, receive_buffer)
+    conn = socket.socket()
+    if receive_buffer is not None:
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+    conn.settimeout(timeout)
+    try:
+        conn.connect(("127.0.0.1", metrics_port))
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def status_kb(pid: int, field: str = "VmRSS") -> int:
+    """A memory figure of a running process from /proc/<pid>/status (VmRSS, VmHWM), in KB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise AssertionError(f"no {field} for process {pid}")
 
 
 @contextmanager

@@ -6,9 +6,7 @@ port and the plain-HTTP metrics port alike."""
 
 from __future__ import annotations
 
-import re
 import signal
-import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +14,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from tests.server_process import Reader, Server, client_context, free_port, running_server
+from tests.server_process import Reader, Server, free_port, open_port, running_server, status_kb
 from tests.support import pod, review
 
 PORTS = ["admission", "metrics"]
@@ -41,23 +39,6 @@ def served(tls_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     yield from _with_metrics_port(tls_dir, tmp_path_factory.mktemp("connections"), 1)
 
 
-def _open(served: tuple[Server, int], port: str, receive_buffer: int | None = None) -> socket.socket:
-    server, metrics_port = served
-    raw = socket.socket()
-    if receive_buffer is not None:
-        raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
-    raw.settimeout(5)
-    raw.connect(("127.0.0.1", server.port if port == "admission" else metrics_port))
-    if port == "metrics":
-        return raw
-    return client_context(server.ca).wrap_socket(raw, server_hostname="localhost")
-
-
-def _rss_mb(server: Server) -> float:
-    status = Path(f"/proc/{server.process.pid}/status").read_text()
-    return int(re.search(r"VmRSS:\s+(\d+) kB", status).group(1)) / 1024  # type: ignore[union-attr]
-
-
 def _post(body: bytes, path: bytes = b"/mutate") -> bytes:
     head = b"POST %s HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
     return head % (path, len(body)) + body
@@ -72,8 +53,8 @@ def test_pipelined_requests_unread_cost_no_memory_and_are_all_answered_once_read
     every request in it becoming a queued ASGI cycle, and 10 MB of them grew it from 76 to 606 MB.
     Now it stops reading (the client's writes block) and answers every request, in order, once read."""
     server = served[0]
-    conn = _open(served, port, receive_buffer=4096)
-    before = _rss_mb(server)
+    conn = open_port(served, port, receive_buffer=4096)
+    before = status_kb(server.process.pid) / 1024
     batch, sent, blocked = HEALTHZ * 1000, 0, False
     conn.settimeout(1.5)
     try:
@@ -84,7 +65,7 @@ def test_pipelined_requests_unread_cost_no_memory_and_are_all_answered_once_read
                 blocked = True
                 break
             sent += 1000
-        grown = _rss_mb(server) - before
+        grown = status_kb(server.process.pid) / 1024 - before
         assert blocked, f"the server read all {sent} requests without their answers being read"
         assert grown < 40, f"{grown:.0f} MB more resident after {sent} pipelined requests"
         conn.settimeout(10)
@@ -111,7 +92,7 @@ def test_garbage_behind_an_answer_being_made_is_refused_after_it(
 ) -> None:
     """A good request and garbage in one write: the answer to the good one used to be lost with the
     connection; now it comes, then a 400 naming the problem, then the close."""
-    with _open(served, port) as conn:
+    with open_port(served, port) as conn:
         conn.sendall(HEALTHZ + garbage)
         reader = Reader(conn)
         first = reader.answer()
@@ -142,7 +123,7 @@ def test_a_body_that_arrived_while_answers_went_unread_is_read_once_they_are(tls
     cut = third.index(b"\r\n\r\n") + 14
     first, second = large(8_000_000), large(1_000_000)
     with running_server(tls_dir, tmp_path, config=config) as server:
-        conn = _open((server, 0), "admission", receive_buffer=4096)
+        conn = server.connect(receive_buffer=4096)
         conn.settimeout(10)
         with conn:
             conn.sendall(first)
@@ -182,7 +163,7 @@ def test_trailers_are_not_taken_for_a_head_that_never_ends(served: tuple[Server,
     """Trailers after a chunked body count toward the head's field limit but are no head: trailers that came
     after the answer (the page reads no body) left the connection owing a head, answered 408 at the head
     deadline while it was idle."""
-    with _open(served, port) as conn:
+    with open_port(served, port) as conn:
         conn.sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n0\r\n")
         reader = Reader(conn)
         assert reader.answer()[::2] == ANSWERS[port]
@@ -215,7 +196,7 @@ def test_endless_trailers_are_cut_off_at_the_head_bound(
     before its deadline; a request already answered (a page that reads no body) gets no second answer."""
     server = patient[0]
     started = time.monotonic()
-    with _open(patient, port) as conn:
+    with open_port(patient, port) as conn:
         conn.sendall(request_head + b"transfer-encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\nx-endless: ")
         try:
             for _ in range(64):  # 4 MB
@@ -259,7 +240,7 @@ def test_a_client_that_closes_behind_pipelined_requests_leaves_nothing_behind(se
     nothing alarming and serves the next client."""
     server = served[0]
     for _ in range(20):
-        conn = _open(served, "admission")
+        conn = open_port(served, "admission")
         conn.sendall(HEALTHZ * 2000)
         conn.close()
     with server.client() as client:

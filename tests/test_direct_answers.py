@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import re
-import socket
-import ssl
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +16,7 @@ import orjson
 import pytest
 
 from tests.asgi import call
-from tests.server_process import Reader, Server, client_context, running_server
+from tests.server_process import Reader, Server, running_server, status_kb
 from tests.support import eventually, pod, review
 from webhook.config import build_settings
 from webhook.web.server import WebhookApp
@@ -162,19 +160,6 @@ def test_answers_late_bodies_and_vanished_clients_are_counted(server: Server) ->
     assert _timed(after, path) - _timed(before, path) == 3, "the answered requests are timed, the vanished one not"
 
 
-def _unread_client(server: Server) -> ssl.SSLSocket:
-    """A client with a 4 KB receive buffer that will not read."""
-    raw = socket.socket()
-    raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    raw.connect(("127.0.0.1", server.port))
-    return client_context(server.ca).wrap_socket(raw, server_hostname="localhost")
-
-
-def _rss_mb(server: Server) -> float:
-    status = Path(f"/proc/{server.process.pid}/status").read_text()
-    return int(re.search(r"VmRSS:\s+(\d+) kB", status).group(1)) / 1024  # type: ignore[union-attr]
-
-
 def _preview_list(count: int) -> bytes:
     obj = pod("flyte-1.15-bare.yaml")
     items = [{**obj, "metadata": {**obj["metadata"], "name": f"p{i}"}} for i in range(count)]
@@ -187,7 +172,7 @@ def test_a_client_that_never_reads_its_answers_stops_being_read(server: Server, 
     is full, then reads no more (the client's writes block) instead of holding every answer in memory;
     also when what filled the buffer were answers the application wrote (previews of a few MB)."""
     request = _post("/mutate", b"{")  # 150 bytes that earn a 400 of about the same size
-    conn = _unread_client(server)
+    conn = server.connect(None, receive_buffer=4096)
     if first == "previews":
         previews = _preview_list(150)
         done = _counter(_metrics(server), "/preview", "ok")
@@ -201,7 +186,7 @@ def test_a_client_that_never_reads_its_answers_stops_being_read(server: Server, 
                 return _counter(_metrics(server), "/preview", "ok") >= count
 
             assert eventually(written, 60), "a preview was not answered"
-    before = _rss_mb(server)
+    before = status_kb(server.process.pid) / 1024
     batch = request * 100
     sent = 0
     try:
@@ -217,7 +202,7 @@ def test_a_client_that_never_reads_its_answers_stops_being_read(server: Server, 
         assert blocked, f"the server read all {sent} requests without their answers being read"
         with server.client() as client:
             assert client.get("/healthz").status_code == 200, "other clients are still served"
-        grown = _rss_mb(server) - before
+        grown = status_kb(server.process.pid) / 1024 - before
         assert grown < 40, f"{grown:.0f} MB more resident after {sent} unread answers"
     finally:
         conn.close()
@@ -228,7 +213,7 @@ def test_a_client_that_reads_late_gets_every_answer(server: Server) -> None:
     """While the server does not read (its answers are not being read), the client owes nothing: no body
     deadline and no idle timeout runs out, and once it reads, every request it sent is answered."""
     request = _post("/mutate", orjson.dumps(review(pod("flyte-1.15-bare.yaml"))))
-    conn = _unread_client(server)
+    conn = server.connect(None, receive_buffer=4096)
     conn.settimeout(1)
     stream, sent = request * 4000, 0
     try:
@@ -289,7 +274,7 @@ def test_bare_line_breaks_do_not_hold_a_connection_open(quick: Server) -> None:
 def test_a_client_that_reads_none_of_its_answers_is_cut_off_at_the_idle_timeout(quick: Server) -> None:
     """It owes no request while it is not read from, but it owes reading: a client that stops reading for
     the idle timeout holds no connection (nor the answers buffered for it) any longer."""
-    conn = _unread_client(quick)
+    conn = quick.connect(None, receive_buffer=4096)
     conn.settimeout(2)
     try:
         for _ in range(10_000):
@@ -308,7 +293,7 @@ def test_a_client_that_reads_slowly_is_not_cut_off(quick: Server) -> None:
     Its progress is what its end of the connection acknowledged: the server's own buffer can stay full for
     tens of seconds while the kernel drains its send queue, then refill it in a burst."""
     logged = len(quick.output())
-    conn = _unread_client(quick)
+    conn = quick.connect(None, receive_buffer=4096)
     conn.settimeout(0.1)  # it starts reading well within the idle timeout of the server's pause
     try:
         for _ in range(10_000):

@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.asgi import call
-from tests.server_process import client_context, free_port, running_server
+from tests.server_process import client_context, free_port, running_server, status_kb
 from tests.support import pod
 from webhook.config import build_settings
 from webhook.preview.render import _yaml
@@ -193,13 +193,6 @@ def test_the_previews_fast_yaml_writes_what_safe_dump_wrote(value: dict[str, Any
     assert _yaml(value, {}) == yaml.safe_dump(value, sort_keys=False, default_flow_style=False)
 
 
-def _rss_kb(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise AssertionError("no VmRSS")
-
-
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads RSS from /proc")
 def test_the_real_server_survives_a_minute_of_hostile_bodies(tls_dir: Path, tmp_path: Path) -> None:
     """The same shapes through TLS and uvicorn; memory stays bounded and /healthz answers afterwards."""
@@ -207,7 +200,7 @@ def test_the_real_server_survives_a_minute_of_hostile_bodies(tls_dir: Path, tmp_
     sent = [0]
     with running_server(tls_dir, tmp_path / "srv") as server, server.client() as client:
         client.get("/healthz")
-        start_rss = _rss_kb(server.process.pid)
+        start_rss = status_kb(server.process.pid)
 
         @settings(max_examples=1500, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
         @given(path=st.sampled_from(PATHS), content_type=st.sampled_from(CONTENT_TYPES), body=bodies)
@@ -227,7 +220,7 @@ def test_the_real_server_survives_a_minute_of_hostile_bodies(tls_dir: Path, tmp_
             _check(res.status_code, res.headers.get("content-type", ""), res.content)
 
         send()
-        end_rss = _rss_kb(server.process.pid)
+        end_rss = status_kb(server.process.pid)
         assert client.get("/healthz").status_code == 200
         assert server.process.poll() is None
     assert sent[0] > 100
@@ -316,7 +309,7 @@ def test_hostile_heads_are_answered_without_a_5xx(tls_dir: Path, tmp_path: Path,
     metrics_port = free_port()
     config = f"server:\n  metricsPort: {metrics_port}\n"
     with running_server(tls_dir, tmp_path / "srv", config=config) as server:
-        start_rss = _rss_kb(server.process.pid)
+        start_rss = status_kb(server.process.pid)
 
         def connect() -> socket.socket:
             if port == "metrics":
@@ -350,7 +343,7 @@ def test_hostile_heads_are_answered_without_a_5xx(tls_dir: Path, tmp_path: Path,
                 assert status != 431, answer[:200]
 
         send()
-        assert _rss_kb(server.process.pid) - start_rss < 30_000
+        assert status_kb(server.process.pid) - start_rss < 30_000
         assert server.process.poll() is None
     assert "Traceback" not in server.output()
     assert " ERROR " not in server.output()

@@ -26,7 +26,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from certs.authority import KeyPair, generate_ca, issue_serving
 from tests.asgi import call, post_json
-from tests.server_process import Reader, Server, client_context, free_port, running_server
+from tests.server_process import Reader, Server, client_context, free_port, open_port, running_server, status_kb
 from tests.support import GOLDEN, eventually, load_yaml, pod, review
 from webhook.config import build_settings
 from webhook.mutation.errors import PodShapeError
@@ -258,13 +258,6 @@ def test_connections_over_the_bound_are_closed_and_the_others_served(server: Ser
 PORTS = ["admission", "metrics"]
 
 
-def _open(hardened: tuple[Server, int], port: str, timeout: float = 5) -> socket.socket:
-    server, metrics_port = hardened
-    if port == "admission":
-        return server.connect(timeout)
-    return socket.create_connection(("127.0.0.1", metrics_port), timeout=timeout)
-
-
 def _trickle(conn: socket.socket, seconds: float) -> tuple[bytes, float | None]:
     """One byte every 0.2 s (closer together than the 0.5 s idle timeout) until the server answers and
     closes: what it answered, and after how long it closed (None: still open after `seconds`)."""
@@ -288,7 +281,7 @@ def _trickle(conn: socket.socket, seconds: float) -> tuple[bytes, float | None]:
 @pytest.mark.parametrize("port", PORTS)
 def test_headers_begun_and_never_finished_are_answered_408(hardened: tuple[Server, int], port: str) -> None:
     """The first byte of a request stops the idle timer; the head must then arrive within the deadline."""
-    with _open(hardened, port) as conn:
+    with open_port(hardened, port) as conn:
         conn.sendall(b"GET /metrics HTTP/1.1\r\nhost: x\r\nx-slow: a")
         started = time.monotonic()
         answer = Reader(conn).whole()
@@ -302,7 +295,7 @@ def test_headers_begun_and_never_finished_are_answered_408(hardened: tuple[Serve
 @pytest.mark.parametrize("port", PORTS)
 def test_headers_trickled_a_byte_at_a_time_meet_the_same_deadline(hardened: tuple[Server, int], port: str) -> None:
     """Each byte used to restart nothing and end nothing: 16 such connections locked Prometheus out."""
-    with _open(hardened, port) as conn:
+    with open_port(hardened, port) as conn:
         conn.sendall(b"GET /metrics HTTP/1.1\r\nX: ")
         answer, closed_after = _trickle(conn, 8)
     assert closed_after is not None, "still open after 8 s of trickled headers"
@@ -314,7 +307,7 @@ def test_headers_trickled_a_byte_at_a_time_meet_the_same_deadline(hardened: tupl
 def test_a_body_trickled_after_the_answer_meets_the_deadline_too(hardened: tuple[Server, int], port: str) -> None:
     """GET /metrics reads no body, so the answer goes at once; the declared body, trickled after it, used to
     hold the connection as long as it kept coming."""
-    with _open(hardened, port) as conn:
+    with open_port(hardened, port) as conn:
         conn.sendall(b"GET /metrics HTTP/1.1\r\nhost: x\r\ncontent-length: 100000\r\n\r\n")
         assert Reader(conn).whole().startswith(b"HTTP/1.1 200")
         _, closed_after = _trickle(conn, 8)
@@ -410,7 +403,7 @@ def test_an_answer_is_one_tls_record_and_head_requests_and_100_continue_still_fl
     request = b"POST /mutate HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: %d\r\n" % len(
         body
     )
-    with _open(hardened, "admission") as conn:
+    with open_port(hardened, "admission") as conn:
         conn.sendall(request + b"\r\n" + body)
         first = conn.recv(65536)
         assert first.startswith(b"HTTP/1.1 200"), first[:200]
@@ -439,22 +432,15 @@ HEADS = {
 @pytest.mark.parametrize("shape", sorted(HEADS))
 def test_a_head_over_the_bounds_is_answered_431(hardened: tuple[Server, int], port: str, shape: str) -> None:
     target = b"/metrics?" + b"a" * 100_000 if shape.startswith("a target") else b"/metrics"
-    with _open(hardened, port) as conn:
+    with open_port(hardened, port) as conn:
         conn.sendall(b"GET " + target + b" HTTP/1.1\r\nhost: x\r\n" + HEADS[shape] + b"\r\n")
         answer = Reader(conn).whole()
     assert answer.startswith(b"HTTP/1.1 431"), answer[:200]
     assert b"connection: close" in answer
     assert b'"error":"request headers over' in answer
-    with _open(hardened, port) as conn:
+    with open_port(hardened, port) as conn:
         conn.sendall(b"GET /metrics HTTP/1.1\r\nhost: x\r\n" + b"a: b\r\n" * 90 + b"x: " + b"a" * 20_000 + b"\r\n\r\n")
         assert Reader(conn).whole().startswith(b"HTTP/1.1 200"), "a head within the bounds is served"
-
-
-def _status_kb(pid: int, field: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise AssertionError(f"no {field}")
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads the server's peak RSS from /proc")
@@ -473,13 +459,13 @@ def test_megabytes_of_headers_cost_the_server_no_memory(tls_dir: Path, tmp_path:
 
     with running_server(tls_dir, tmp_path / "srv") as fresh, fresh.client() as client:
         assert client.get("/healthz").status_code == 200
-        peak_before = _status_kb(fresh.process.pid, "VmHWM")
+        peak_before = status_kb(fresh.process.pid, "VmHWM")
         threads = [threading.Thread(target=send, args=(fresh,)) for _ in range(3)]
         for t in threads:
             t.start()
         for t in threads:
             t.join(timeout=60)
-        peak_after = _status_kb(fresh.process.pid, "VmHWM")
+        peak_after = status_kb(fresh.process.pid, "VmHWM")
         assert client.get("/healthz").status_code == 200
     assert len(answers) == 3
     assert all(a == b"" or a.startswith(b"HTTP/1.1 431") for a in answers), [a[:100] for a in answers]
@@ -497,7 +483,7 @@ def test_a_websocket_upgrade_is_declined_without_an_error(hardened: tuple[Server
     """No endpoint speaks websocket: the request is answered as plain HTTP (a server may ignore Upgrade), and
     the connection closes after it. It used to be upgraded, then answered 500 with an ERROR line."""
     server = hardened[0]
-    with _open(hardened, port) as conn:
+    with open_port(hardened, port) as conn:
         conn.sendall(WEBSOCKET)
         answer = Reader(conn).whole()
         assert conn.recv(1) == b"", "the connection closes after the answer"
