@@ -222,7 +222,7 @@ def test_a_client_that_reads_late_gets_every_answer(server: Server) -> None:
             sent += 5107
     except TimeoutError:
         pass
-    time.sleep(1.5)  # past server.deadlineSeconds (0.5 s); the idle timeout (5 s) cuts off a client that never reads
+    time.sleep(1.5)  # past server.deadlineSeconds (0.5 s); the idle timeout (120 s) cuts off a client that never reads
     conn.settimeout(10)
     reader = Reader(conn)
     accepted = min(sent, len(stream)) // len(request)

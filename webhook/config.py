@@ -116,8 +116,11 @@ class ServerSettings(_Section):
     deadline_seconds: float = Field(default=2.0, gt=0, le=30)
     """A request body must arrive within this (408); below the webhook's timeoutSeconds."""
     # A connection that sends no request for this long is closed: before its first request as well as
-    # between requests (the API server reopens one in a handshake).
-    idle_timeout_seconds: float = Field(default=5.0, gt=0, le=300)
+    # between requests. Longer than the API server keeps an idle connection to a webhook (90 s, Go's
+    # http.Transport default in client-go), so it is always the API server that closes one: a POST it
+    # writes on a connection we are closing fails the call (Go retries no POST), and the pod is admitted
+    # unmutated or rejected by the failure policy.
+    idle_timeout_seconds: float = Field(default=120.0, gt=0, le=300)
     """Close a connection that sends no request for this long (before its first one too)."""
     # The API servers of a large control plane hold tens of connections each; an idle TLS connection
     # costs about 42 KB, so 1,024 of them stay well inside the chart's memory limit.

@@ -3,8 +3,10 @@
 uvicorn's httptools protocol, plus what it lacks:
 - a bound on open connections (`server.maxConnections`): one over the bound is closed as soon as its TLS
   handshake completes, before it can hold a request's worth of memory;
-- a time limit before the first request (`server.idleTimeoutSeconds`): uvicorn arms its keep-alive timer
-  only after a response, so a connection that never sends anything was held forever;
+- a time limit before the first request (`server.idleTimeoutSeconds`, as between requests): uvicorn arms
+  its keep-alive timer only after a response, so a connection that never sends anything was held forever.
+  It must outlast the API server's own (90 s): a POST it writes on a connection we are closing is lost
+  (Go does not retry one), and it dials connections it may park unused in its idle pool;
 - a deadline for the head (`server.deadlineSeconds` from its first byte, answered 408): the first byte
   stops the idle timer and the body's deadline starts after the head, so headers trickled a byte at a
   time held a connection forever. A body still arriving after its answer was sent (a page that reads
@@ -274,8 +276,10 @@ class _LimitedProtocol(HttpToolsProtocol):
             self.limits.refuse(len(self.connections))
             transport.close()
             return
-        # Until the first request arrives, the keep-alive timer is the time-to-first-request limit.
-        self.timeout_keep_alive_task = self.loop.call_later(self.limits.idle_timeout, self.timeout_keep_alive_handler)
+        # Until the first request arrives, the keep-alive timer is the time-to-first-request limit. uvicorn's
+        # own setting is whole seconds, and the metrics port's server had none: every timer here uses ours.
+        self.timeout_keep_alive = self.limits.idle_timeout  # type: ignore[assignment]  # call_later takes a float
+        self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self.timeout_keep_alive_handler)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.limits.late.stop(self)
@@ -509,7 +513,7 @@ class _LimitedProtocol(HttpToolsProtocol):
             # The rest of a body nobody read: the connection is idle again (each read stopped the idle timer).
             self._unset_keepalive_if_required()
             self.timeout_keep_alive_task = self.loop.call_later(
-                self.limits.idle_timeout, self.timeout_keep_alive_handler
+                self.timeout_keep_alive, self.timeout_keep_alive_handler
             )
 
     def _direct_writer(self, pending: _Pending) -> Callable[[int, bytes], None]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
-import math
 import os
 import signal
 import ssl
@@ -41,6 +40,9 @@ from webhook.web.tls import ReloadingTLS, TLSFiles, file_stamp
 log = logging.getLogger(__name__)
 
 RELOAD_EVERY_TICKS = 10  # uvicorn ticks every 0.1 s
+# How long the API server keeps an idle connection to a webhook: client-go's transports take Go's
+# http.DefaultTransport IdleConnTimeout. server.idleTimeoutSeconds must be longer (config.py).
+API_SERVER_IDLE_SECONDS = 90
 SWITCH_INTERVAL = 0.001
 
 
@@ -200,6 +202,13 @@ def serve(
     except ClusterAccessError as exc:
         log.error("%s", exc)
         return 1
+    if settings.server.idle_timeout_seconds <= API_SERVER_IDLE_SECONDS:
+        log.warning(
+            "server.idleTimeoutSeconds %g s is not longer than the %d s the API server keeps an idle connection: "
+            "a review it sends as we close one fails (EOF) and the pod is admitted or rejected by the failure policy",
+            settings.server.idle_timeout_seconds,
+            API_SERVER_IDLE_SECONDS,
+        )
     limits = Limits(
         settings.server.max_connections,
         settings.server.idle_timeout_seconds,
@@ -264,7 +273,6 @@ def _https_config(app: WebhookApp, server: ServerSettings, tls: ReloadingTLS, *,
         ssl_context_factory=lambda _config, _default: tls.context,
         http=protocol_class(limits, app, DIRECT),
         ws="none",  # no endpoint speaks websocket: an upgrade request is answered as plain HTTP (connections.py)
-        timeout_keep_alive=math.ceil(server.idle_timeout_seconds),
         lifespan="off",
         access_log=False,
         server_header=False,
