@@ -15,7 +15,8 @@ uvicorn's httptools protocol, plus what it lacks:
   headers of any size, and 4 MB of tiny ones cost 97 MB of memory; trailers after a chunked body meet the
   same bounds (httptools joins a field's pieces by concatenation, and an endless one blocked the loop);
 - one request at a time: the parser takes a read FEED_BYTES at a time and stops once a request is complete
-  and its answer is being made; what follows waits unparsed, and unread, until the answer is written.
+  and its answer is being made, or the next one has begun behind it; what follows waits unparsed, and
+  unread, until the answer is written.
   httptools parses all it is given, and one connection of pipelined GETs queued thousands of requests
   per read (10 MB of them took the RSS from 76 to 606 MB). A request that breaks (400, 408, 431) behind
   answers still being made is refused after them; one whose answer went already (a body nobody reads) is
@@ -32,7 +33,8 @@ uvicorn's httptools protocol, plus what it lacks:
   application's own code), without an ASGI cycle; its body meets the same deadline. A client that does
   not read its answers is not read from until it does, whoever wrote them (pause_writing,
   on_response_complete), and owes no request bytes meanwhile, but is cut off when it reads less than
-  MIN_READ_PROGRESS of them in an idle timeout; after every read the client owes the rest of a head or
+  MIN_READ_PROGRESS of them in an idle timeout, or at once when MAX_UNREAD_CONNECTIONS others already
+  hold answers unread; after every read the client owes the rest of a head or
   body within the deadline, or, with nothing in progress, a next request within the idle timeout (empty
   lines included); requests pipelined behind an answer that closed the connection are dropped.
 It also writes each response's head together with its body's first bytes: uvicorn writes them apart, so
@@ -69,6 +71,11 @@ LINGER_SECONDS = 0.5
 _TICK = 0.1  # how often the deadlines are checked, while any is running
 # A client that does not read its answers is cut off unless it read this much of them per idle timeout.
 MIN_READ_PROGRESS = 16 * 1024
+# Connections whose answers wait unread, at most; one more is cut off as it stops reading. Each holds about
+# 0.5 MB more than one that reads (the TLS layer buffers 512 KB of answers before it pauses us): 1,024 of
+# them, over 500 MB against the chart's 256 Mi; these 32, 16 MB. The API server reads every answer at once,
+# and an answer smaller than 512 KB never waits on a client that reads it.
+MAX_UNREAD_CONNECTIONS = 32
 # The parser takes a read this much at a time, so it can stop between requests: httptools parses whatever it
 # is given, and a 256 KB read of tiny pipelined requests queued thousands of them (a few KB each) at once.
 FEED_BYTES = 4096
@@ -188,6 +195,9 @@ class Deadlines:
 
     def __contains__(self, conn: object) -> bool:
         return conn in self._due
+
+    def __len__(self) -> int:
+        return len(self._due)
 
     def _check(self, loop: asyncio.AbstractEventLoop) -> None:
         now = time.monotonic()
@@ -351,9 +361,16 @@ class _LimitedProtocol(HttpToolsProtocol):
         return True
 
     def _held(self) -> bool:
-        """Whether parsing waits: answers the client has not read, or a complete request's answer still being
-        made (the body of the request being answered is still parsed: the application reads it)."""
-        return self.flow.write_paused or (self._message_done and self._answering())
+        """Whether parsing waits: answers the client has not read, or an answer still being made. Only the
+        body of the request being answered is still parsed (the application reads it); a piece that ended
+        inside the next request's head, or a queued request's body, holds the rest like a complete request
+        does (a piece almost always ends inside one: tiny pipelined GETs queued thousands of requests per
+        connection, and fifty connections took the server to 900 MB)."""
+        if self.flow.write_paused:
+            return True
+        if not self._answering():
+            return False
+        return self._message_done or self._head is not None or self.cycle is not self._running
 
     def _resume(self) -> None:
         """The connection stopped waiting on us: parse what was read meanwhile, then read again."""
@@ -544,6 +561,16 @@ class _LimitedProtocol(HttpToolsProtocol):
         # owes reading its answers, within the idle timeout (stalled).
         self.limits.late.stop(self)
         self._unset_keepalive_if_required()
+        if len(self.limits.stalled) >= MAX_UNREAD_CONNECTIONS:
+            self.limits.warn(
+                "unread",
+                "connection from %s cut off: %d connections already hold answers they do not read",
+                self.client,
+                MAX_UNREAD_CONNECTIONS,
+            )
+            self._closing = True
+            self.loop.call_soon(self.transport.abort)  # not inside the write that paused it
+            return
         self._acked = self._bytes_acked()
         self.limits.stalled.start(self, self.limits.idle_timeout)
 
