@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import re
 import ssl
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -245,6 +246,46 @@ def test_at_most_32_connections_hold_answers_they_do_not_read(server: Server) ->
     finally:
         for conn in conns:
             conn.close()
+
+
+def test_clients_pipelining_reviews_leave_a_new_connection_its_turn(server: Server) -> None:
+    """Sixty clients pipelining reviews (and reading the answers): each read was parsed whole, and libuv reads
+    a socket up to 32 times a turn, so one turn of the event loop lasted seconds and a new connection (the
+    API server's) waited 36 s for its handshake. A connection now answers a few requests per turn and the
+    rest of what it sent waits for its next turn, after every other connection's."""
+    one = _post("/mutate/ptrace", orjson.dumps(review(pod("flyte-1.15-bare.yaml"))))
+    batch = one * 20
+    conns = [server.connect(None) for _ in range(60)]
+    stop = threading.Event()
+
+    def flood() -> None:
+        while not stop.is_set():
+            for conn in conns:
+                with contextlib.suppress(BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError, OSError):
+                    while conn.recv(1 << 20):
+                        pass
+                with contextlib.suppress(BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError, OSError):
+                    conn.send(batch)
+            time.sleep(0.005)
+
+    for conn in conns:
+        conn.setblocking(False)
+    thread = threading.Thread(target=flood)
+    thread.start()
+    try:
+        time.sleep(2)
+        started = time.monotonic()
+        with server.connect(60) as conn:
+            conn.sendall(one)
+            status = Reader(conn).answer()[0]
+        took = time.monotonic() - started
+    finally:
+        stop.set()
+        thread.join()
+        for conn in conns:
+            conn.close()
+    assert status == 200
+    assert took < 3, f"a new connection's review took {took:.1f} s while others pipelined"
 
 
 def test_a_client_that_reads_late_gets_every_answer(server: Server) -> None:

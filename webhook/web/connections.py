@@ -16,7 +16,8 @@ uvicorn's httptools protocol, plus what it lacks:
   same bounds (httptools joins a field's pieces by concatenation, and an endless one blocked the loop);
 - one request at a time: the parser takes a read FEED_BYTES at a time and stops once a request is complete
   and its answer is being made, or the next one has begun behind it; what follows waits unparsed, and
-  unread, until the answer is written.
+  unread, until the answer is written. A connection answers at most TURN_ANSWERS requests directly per
+  turn of the event loop; the rest waits for its next turn, after every other connection's.
   httptools parses all it is given, and one connection of pipelined GETs queued thousands of requests
   per read (10 MB of them took the RSS from 76 to 606 MB). A request that breaks (400, 408, 431) behind
   answers still being made is refused after them; one whose answer went already (a body nobody reads) is
@@ -79,6 +80,11 @@ MAX_UNREAD_CONNECTIONS = 32
 # The parser takes a read this much at a time, so it can stop between requests: httptools parses whatever it
 # is given, and a 256 KB read of tiny pipelined requests queued thousands of them (a few KB each) at once.
 FEED_BYTES = 4096
+# Requests a connection has answered directly in one turn; the rest of what it sent waits for its next turn,
+# after every other connection's. Each read was parsed whole, and libuv reads a socket up to 32 times a
+# turn: a hundred clients pipelining reviews held the event loop for seconds per turn, and a new connection
+# (the API server's) waited 36 s for its handshake.
+TURN_ANSWERS = 4
 # struct tcp_info (linux/tcp.h): the u64 tcpi_bytes_acked at offset 120, since Linux 4.1.
 _BYTES_ACKED = struct.Struct("=120xQ")
 _TCP_INFO_SIZE = 256
@@ -279,6 +285,7 @@ class _LimitedProtocol(HttpToolsProtocol):
     _answered_early = False  # the request whose body is arriving was answered already (a page that reads none)
     _running: Any = None  # the ASGI cycle started last (self.cycle may be one queued behind it)
     _acked = 0  # bytes the client had acknowledged when its reading was last checked (stalled)
+    _turn = 0  # requests answered directly since this connection's turn began (TURN_ANSWERS)
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
@@ -311,6 +318,7 @@ class _LimitedProtocol(HttpToolsProtocol):
             self.flow.pause_reading()
             return
         self._unset_keepalive_if_required()
+        self._turn = 0
         self._feed(data)
 
     def _feed(self, data: bytes) -> None:
@@ -320,9 +328,11 @@ class _LimitedProtocol(HttpToolsProtocol):
             return
         view = memoryview(data)
         for start in range(0, len(data), FEED_BYTES):
-            if start and self._held():
+            if start and (self._held() or self._turn >= TURN_ANSWERS):
                 self._unparsed = bytes(view[start:])
                 self.flow.pause_reading()
+                if not self._held():
+                    self.loop.call_soon(self._resume)  # its next turn: after every other connection's
                 return  # no deadline runs while the connection waits on us
             if not self._parse(view[start : start + FEED_BYTES]):
                 return
@@ -379,6 +389,7 @@ class _LimitedProtocol(HttpToolsProtocol):
         if self._unparsed:
             data, self._unparsed = self._unparsed, b""
             self._unset_keepalive_if_required()
+            self._turn = 0
             self._feed(data)  # starts the deadlines, or holds the rest again
         else:
             self._start_deadlines()
@@ -522,6 +533,7 @@ class _LimitedProtocol(HttpToolsProtocol):
             self.limits.late.stop(self)
             chunks = pending.chunks
             body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            self._turn += 1
             self.direct.answer(pending.endpoint, body, pending.started, self._direct_writer(pending))
             return
         super().on_message_complete()
