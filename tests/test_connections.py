@@ -305,3 +305,45 @@ def test_many_connections_pipelining_tiny_requests_queue_few(served: tuple[Serve
     assert grown < 60, f"{grown:.0f} MB more resident"
     with server.client() as client:
         assert client.get("/healthz").status_code == 200
+
+
+def test_a_queued_request_whose_body_waited_is_answered_once_its_turn_comes(served: tuple[Server, int]) -> None:
+    """A GET and a 9 KB review in one write: the review's head is parsed behind the GET's answer being made
+    and its body waits unparsed. Once the GET is answered the review is the request running, and its body
+    must be parsed then: it waited for the deadline and got a 408."""
+    body = orjson.dumps(review(pod("flyte-1.15-bare.yaml"), uid="queued")).replace(b"{", b"{" + b" " * 4000, 1)
+    with open_port(served, "admission") as conn:
+        conn.sendall(HEALTHZ + _post(body))
+        reader = Reader(conn)
+        started = time.monotonic()
+        assert reader.answer()[::2] == ANSWERS["admission"]
+        status, _headers, answer = reader.answer()
+    assert status == 200, answer[:200]
+    assert orjson.loads(answer)["response"]["uid"] == "queued"
+    assert time.monotonic() - started < 0.5
+
+
+def test_a_scrape_during_the_drain_closes_its_connection_and_the_server_exits(tls_dir: Path, tmp_path: Path) -> None:
+    """The metrics port drains with the admission port: a scrape answered after SIGTERM says Connection: close.
+    It was answered keep-alive, and the server's exit waited for the scraper's idle connection to time out
+    (the idle timeout, 120 s by default), past the pod's grace period."""
+    metrics_port = free_port()
+    env = {"COPILOT_WEBHOOK_SERVER__DRAIN_SECONDS": "0.5"}
+    config = f"server:\n  metricsPort: {metrics_port}\n"
+    with running_server(tls_dir, tmp_path, config=config, env=env) as server:
+        scrape = b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n"
+        with open_port((server, metrics_port), "metrics", timeout=30) as conn:
+            reader = Reader(conn)
+            conn.sendall(scrape)
+            assert reader.answer()[0] == 200
+            conn.sendall(scrape[:20])  # a scrape on its way as the signal comes
+            signalled = time.monotonic()
+            server.process.send_signal(signal.SIGTERM)
+            time.sleep(0.8)  # past the drain: the servers are shutting down
+            conn.sendall(scrape[20:])
+            status, headers, _body = reader.answer()
+            assert status == 200
+            assert headers.get(b"connection") == b"close"
+            server.process.wait(timeout=15)
+            exited = time.monotonic() - signalled
+    assert exited < 5, f"the server exited {exited:.1f} s after SIGTERM"

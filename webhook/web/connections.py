@@ -34,8 +34,7 @@ uvicorn's httptools protocol, plus what it lacks:
   application's own code), without an ASGI cycle; its body meets the same deadline. A client that does
   not read its answers is not read from until it does, whoever wrote them (pause_writing,
   on_response_complete), and owes no request bytes meanwhile, but is cut off when it reads less than
-  MIN_READ_PROGRESS of them in an idle timeout, or at once when MAX_UNREAD_CONNECTIONS others already
-  hold answers unread; after every read the client owes the rest of a head or
+  MIN_READ_PROGRESS of them in STALL_SECONDS; after every read the client owes the rest of a head or
   body within the deadline, or, with nothing in progress, a next request within the idle timeout (empty
   lines included); requests pipelined behind an answer that closed the connection are dropped.
 It also writes each response's head together with its body's first bytes: uvicorn writes them apart, so
@@ -70,13 +69,10 @@ MAX_HEADER_FIELDS = 100
 # still writing reads the answer rather than a reset.
 LINGER_SECONDS = 0.5
 _TICK = 0.1  # how often the deadlines are checked, while any is running
-# A client that does not read its answers is cut off unless it read this much of them per idle timeout.
+# A client that does not read its answers is cut off unless it read this much of them every STALL_SECONDS:
+# not the idle timeout, which outlasts the API server's 90 s; unread answers are memory held.
 MIN_READ_PROGRESS = 16 * 1024
-# Connections whose answers wait unread, at most; one more is cut off as it stops reading. Each holds about
-# 0.5 MB more than one that reads (the TLS layer buffers 512 KB of answers before it pauses us): 1,024 of
-# them, over 500 MB against the chart's 256 Mi; these 32, 16 MB. The API server reads every answer at once,
-# and an answer smaller than 512 KB never waits on a client that reads it.
-MAX_UNREAD_CONNECTIONS = 32
+STALL_SECONDS = 5.0
 # The parser takes a read this much at a time, so it can stop between requests: httptools parses whatever it
 # is given, and a 256 KB read of tiny pipelined requests queued thousands of them (a few KB each) at once.
 FEED_BYTES = 4096
@@ -201,9 +197,6 @@ class Deadlines:
 
     def __contains__(self, conn: object) -> bool:
         return conn in self._due
-
-    def __len__(self) -> int:
-        return len(self._due)
 
     def _check(self, loop: asyncio.AbstractEventLoop) -> None:
         now = time.monotonic()
@@ -570,21 +563,11 @@ class _LimitedProtocol(HttpToolsProtocol):
         super().pause_writing()
         self.flow.pause_reading()
         # A client we do not read from owes no request bytes (their deadlines start again once we read); it
-        # owes reading its answers, within the idle timeout (stalled).
+        # owes reading its answers, MIN_READ_PROGRESS of them every STALL_SECONDS (stalled).
         self.limits.late.stop(self)
         self._unset_keepalive_if_required()
-        if len(self.limits.stalled) >= MAX_UNREAD_CONNECTIONS:
-            self.limits.warn(
-                "unread",
-                "connection from %s cut off: %d connections already hold answers they do not read",
-                self.client,
-                MAX_UNREAD_CONNECTIONS,
-            )
-            self._closing = True
-            self.loop.call_soon(self.transport.abort)  # not inside the write that paused it
-            return
         self._acked = self._bytes_acked()
-        self.limits.stalled.start(self, self.limits.idle_timeout)
+        self.limits.stalled.start(self, STALL_SECONDS)
 
     def resume_writing(self) -> None:
         super().resume_writing()
@@ -594,13 +577,13 @@ class _LimitedProtocol(HttpToolsProtocol):
         self._resume()
 
     def stalled(self) -> None:
-        """An idle timeout since reading paused, or since the last check: a client still reading (a large
+        """STALL_SECONDS since reading paused, or since the last check: a client still reading (a large
         preview over a slow link) gets another; one that read less than MIN_READ_PROGRESS is cut off (a
         close would wait for the answers to be read, which is what it does not do)."""
         acked = self._bytes_acked()
         if acked - self._acked >= MIN_READ_PROGRESS:
             self._acked = acked
-            self.limits.stalled.start(self, self.limits.idle_timeout)
+            self.limits.stalled.start(self, STALL_SECONDS)
             return
         self.limits.warn("stalled", "connection from %s cut off: its answers were not read", self.client)
         self._closing = True
@@ -632,7 +615,7 @@ class _LimitedProtocol(HttpToolsProtocol):
             # nothing more until they are, or before those are parsed.
             self.flow.pause_reading()
             self._unset_keepalive_if_required()
-            if not self.flow.write_paused and not self._answering():
+            if not self._held():  # the body of the request now running waits unparsed: parse it
                 self.loop.call_soon(self._resume)  # not inside the application's send()
             return
         if not self._message_done and self.cycle.response_complete:

@@ -62,15 +62,19 @@ class ReloadingServer(uvicorn.Server):
         limits: Limits,
         *,
         drain_seconds: float,
-        metrics: uvicorn.Server | None = None,
+        metrics: tuple[uvicorn.Server, Limits] | None = None,
     ) -> None:
         super().__init__(config)
         self._reload = reload
         self._limits = limits
+        # The metrics port drains with this one: a scrape answered during the drain closes its connection,
+        # instead of holding the exit for the idle timeout.
+        self._drained = [limits] if metrics is None else [limits, metrics[1]]
         self._drain_seconds = drain_seconds
         self._drain_until: float | None = None
         self._reload_now = False
-        self._metrics = metrics  # the plain-HTTP /metrics listener, started and stopped with this one
+        # The plain-HTTP /metrics listener, started and stopped with this one.
+        self._metrics = metrics[0] if metrics else None
         self.listening = threading.Event()
 
     async def startup(self, sockets: list[Any] | None = None) -> None:
@@ -95,7 +99,8 @@ class ReloadingServer(uvicorn.Server):
             super().handle_exit(sig, frame)
             return
         self._captured_signals.append(sig)  # uvicorn re-raises it at exit, so the exit status says why
-        self._limits.draining = True
+        for limits in self._drained:
+            limits.draining = True
         self._drain_until = time.monotonic() + self._drain_seconds
         log.info(
             "%s: draining for %g s (readyz answers 503, answers close their connection), then stopping",
@@ -285,32 +290,28 @@ def _https_config(app: WebhookApp, server: ServerSettings, tls: ReloadingTLS, *,
     )
 
 
-def _metrics_server(server: ServerSettings, metrics: Metrics) -> uvicorn.Server | None:
-    """The plain-HTTP /metrics listener, when `server.metricsPort` asks for one."""
+def _metrics_server(server: ServerSettings, metrics: Metrics) -> tuple[uvicorn.Server, Limits] | None:
+    """The plain-HTTP /metrics listener, when `server.metricsPort` asks for one, and its connections' limits."""
     if not server.metrics_port:
         return None
-    return uvicorn.Server(
-        uvicorn.Config(
-            MetricsApp(metrics),
-            host=server.host,
-            port=server.metrics_port,
-            # Scrapers are few: 16 connections, and silent ones go at the idle timeout like anywhere.
-            http=protocol_class(
-                Limits(
-                    16,
-                    server.idle_timeout_seconds,
-                    name="the metrics port's 16 connections",
-                    deadline=server.deadline_seconds,
-                )
-            ),
-            ws="none",
-            lifespan="off",
-            access_log=False,
-            server_header=False,
-            proxy_headers=False,
-            log_config=None,
-        )
+    # Scrapers are few: 16 connections, and silent ones go at the idle timeout like anywhere.
+    limits = Limits(
+        16, server.idle_timeout_seconds, name="the metrics port's 16 connections", deadline=server.deadline_seconds
     )
+    config = uvicorn.Config(
+        MetricsApp(metrics),
+        host=server.host,
+        port=server.metrics_port,
+        http=protocol_class(limits),
+        ws="none",
+        lifespan="off",
+        access_log=False,
+        server_header=False,
+        proxy_headers=False,
+        log_config=None,
+        timeout_graceful_shutdown=10,  # as the admission port: a scrape in flight is finished, not waited on
+    )
+    return uvicorn.Server(config), limits
 
 
 def _run(server: ReloadingServer, app: WebhookApp, view: ClusterView | None, *, keeper: AdmissionKeeper | None) -> None:
