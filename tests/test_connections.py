@@ -315,12 +315,10 @@ def test_a_queued_request_whose_body_waited_is_answered_once_its_turn_comes(serv
     with open_port(served, "admission") as conn:
         conn.sendall(HEALTHZ + _post(body))
         reader = Reader(conn)
-        started = time.monotonic()
         assert reader.answer()[::2] == ANSWERS["admission"]
         status, _headers, answer = reader.answer()
     assert status == 200, answer[:200]
     assert orjson.loads(answer)["response"]["uid"] == "queued"
-    assert time.monotonic() - started < 0.5
 
 
 def test_a_scrape_during_the_drain_closes_its_connection_and_the_server_exits(tls_dir: Path, tmp_path: Path) -> None:

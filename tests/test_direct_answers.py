@@ -214,8 +214,8 @@ def test_a_client_that_never_reads_its_answers_stops_being_read(server: Server, 
 def test_clients_pipelining_reviews_leave_a_new_connection_its_turn(server: Server) -> None:
     """Sixty clients pipelining reviews (and reading the answers): each read was parsed whole, and libuv reads
     a socket up to 32 times a turn, so one turn of the event loop lasted seconds and a new connection (the
-    API server's) waited 36 s for its handshake. A connection now answers a few requests per turn and the
-    rest of what it sent waits for its next turn, after every other connection's."""
+    API server's) waited 36 s for its handshake (71 s here). A connection now answers a few requests per
+    turn and the rest of what it sent waits for its next turn, after every other connection's (0.2 s)."""
     one = _post("/mutate/ptrace", orjson.dumps(review(pod("flyte-1.15-bare.yaml"))))
     batch = one * 20
     conns = [server.connect(None) for _ in range(60)]
@@ -248,7 +248,7 @@ def test_clients_pipelining_reviews_leave_a_new_connection_its_turn(server: Serv
         for conn in conns:
             conn.close()
     assert status == 200
-    assert took < 3, f"a new connection's review took {took:.1f} s while others pipelined"
+    assert took < 10, f"a new connection's review took {took:.1f} s while others pipelined"
 
 
 def test_a_client_that_reads_late_gets_every_answer(server: Server) -> None:
