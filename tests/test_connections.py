@@ -345,3 +345,24 @@ def test_a_scrape_during_the_drain_closes_its_connection_and_the_server_exits(tl
             server.process.wait(timeout=15)
             exited = time.monotonic() - signalled
     assert exited < 5, f"the server exited {exited:.1f} s after SIGTERM"
+
+
+def test_a_request_answered_before_its_body_is_not_answered_again_when_the_body_breaks_later(
+    served: tuple[Server, int],
+) -> None:
+    """Four reviews, then a chunked POST the application answers (404) without reading its body, whose chunk
+    runs past where the connection's turn ends, then a malformed chunk, in one write. The 404 went while
+    the rest of its body waited for the next turn; parsed then, the bad chunk got the same request a second
+    answer (a 400). Now the connection just closes after the 404."""
+    directs = b"".join(_post(orjson.dumps(review(pod("flyte-1.15-bare.yaml"), uid=f"u{i}"))) for i in range(4))
+    head = b"POST /nope HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n"
+    size = (len(directs) + len(head)) // 4096 * 4096 + 4096 - len(directs) - len(head) + 500
+    broken = b"%x\r\n" % size + b"x" * size + b"\r\nnot-a-chunk-size\r\n\r\n"
+    with open_port(served, "admission") as conn:
+        conn.sendall(directs + head + broken)
+        reader = Reader(conn)
+        statuses = [reader.answer()[0] for _ in range(5)]
+        conn.settimeout(3)
+        rest = conn.recv(100)
+    assert statuses == [200, 200, 200, 200, 404]
+    assert rest == b"", f"a second answer: {rest!r}"

@@ -76,10 +76,11 @@ STALL_SECONDS = 5.0
 # The parser takes a read this much at a time, so it can stop between requests: httptools parses whatever it
 # is given, and a 256 KB read of tiny pipelined requests queued thousands of them (a few KB each) at once.
 FEED_BYTES = 4096
-# Requests a connection has answered directly in one turn; the rest of what it sent waits for its next turn,
-# after every other connection's. Each read was parsed whole, and libuv reads a socket up to 32 times a
-# turn: a hundred clients pipelining reviews held the event loop for seconds per turn, and a new connection
-# (the API server's) waited 36 s for its handshake.
+# Requests a connection has answered directly in one turn (checked between FEED_BYTES pieces: a piece
+# started is parsed whole); the rest of what it sent waits for its next turn, after every other
+# connection's. Each read was parsed whole, and libuv reads a socket up to 32 times a turn: a hundred
+# clients pipelining reviews held the event loop for seconds per turn, and a new connection (the API
+# server's) waited 36 s for its handshake.
 TURN_ANSWERS = 4
 # struct tcp_info (linux/tcp.h): the u64 tcpi_bytes_acked at offset 120, since Linux 4.1.
 _BYTES_ACKED = struct.Struct("=120xQ")
@@ -610,6 +611,11 @@ class _LimitedProtocol(HttpToolsProtocol):
                 self._unset_keepalive_if_required()
                 self._answer_refusal(*self._refusal)
             return
+        early = not self._message_done and self.cycle.response_complete
+        if early:
+            # Answered before the body was read (a page that takes none, a 413), or a head pipelined behind
+            # the answer: a body that breaks later gets no second answer, whenever it is parsed.
+            self._answered_early = self._head is None
         if self.flow.write_paused or self._unparsed:
             # The answers written so far are not read yet (resume_writing), or requests wait unparsed: read
             # nothing more until they are, or before those are parsed.
@@ -618,11 +624,8 @@ class _LimitedProtocol(HttpToolsProtocol):
             if not self._held():  # the body of the request now running waits unparsed: parse it
                 self.loop.call_soon(self._resume)  # not inside the application's send()
             return
-        if not self._message_done and self.cycle.response_complete:
-            # Answered before the body was read (a page that takes none, a 413), or a head pipelined behind
-            # the answer: the rest must come in time.
-            self._answered_early = self._head is None
-            self.limits.late.start(self, self.limits.deadline)
+        if early:
+            self.limits.late.start(self, self.limits.deadline)  # the rest must come in time
 
     def overdue(self) -> None:
         if self.transport.is_closing():
