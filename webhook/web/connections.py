@@ -322,10 +322,11 @@ class _LimitedProtocol(HttpToolsProtocol):
             return
         view = memoryview(data)
         for start in range(0, len(data), FEED_BYTES):
-            if start and (self._held() or self._turn >= TURN_ANSWERS):
+            held = start and self._held()
+            if held or (start and self._turn >= TURN_ANSWERS):
                 self._unparsed = bytes(view[start:])
                 self.flow.pause_reading()
-                if not self._held():
+                if not held:
                     self.loop.call_soon(self._resume)  # its next turn: after every other connection's
                 return  # no deadline runs while the connection waits on us
             if not self._parse(view[start : start + FEED_BYTES]):
