@@ -307,6 +307,73 @@ def test_many_connections_pipelining_tiny_requests_queue_few(served: tuple[Serve
         assert client.get("/healthz").status_code == 200
 
 
+def _send_queue(port: int) -> int:
+    """Bytes in the send queues of the server's established sockets on `port` (/proc/net/tcp's tx_queue):
+    answers written and not acknowledged, held in the server's memory."""
+    total = 0
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[1].endswith(f":{port:04X}") and fields[3] == "01":  # local address, ESTABLISHED
+            total += int(fields[4].split(":")[0], 16)
+    return total
+
+
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads the server's send queues from /proc")
+def _settled_send_queue(port: int) -> int:
+    """_send_queue once every answer is written: unchanged over 1 s."""
+    queued, settled = _send_queue(port), 0
+    until = time.monotonic() + 30
+    while settled < 3 and time.monotonic() < until:
+        time.sleep(0.3)
+        now = _send_queue(port)
+        settled, queued = (settled + 1 if now == queued else 0), now
+    return queued
+
+
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads the server's send queues from /proc")
+def test_answers_nobody_reads_are_held_within_a_budget_and_a_reader_still_gets_its_own(
+    served: tuple[Server, int],
+) -> None:
+    """Sixteen clients ask for the 1.5 MB script /docs loads and read none of it. The kernel takes a whole
+    answer into the socket's send queue (on loopback it grows to 4 MB), so our writes never paused and each
+    held 1.4 MB of the server's memory for the idle timeout: 22 MB here, 1.4 GB at server.maxConnections,
+    against a 256 Mi limit. Now they hold at most the 16 MB budget: the clients that went longest without
+    reading (the first ten) are cut off first, the later ones still get their answers whole, and so does a client
+    that reads."""
+    server = served[0]
+    page = b"GET /static-offline-docs/swagger-ui-bundle.js HTTP/1.1\r\nhost: x\r\n\r\n"
+    older = [server.connect(None) for _ in range(10)]
+    newer = [server.connect(None) for _ in range(6)]
+    try:
+        for conn in older:
+            conn.sendall(page)
+        assert 12 * 2**20 < _settled_send_queue(server.port) <= 16 * 2**20  # within the budget: all held
+        for conn in newer:
+            conn.sendall(page)
+        queued = _settled_send_queue(server.port)
+        assert 7 * 2**20 < queued <= 16 * 2**20, f"{queued / 2**20:.1f} MB of answers held for clients not reading"
+        with server.client() as client:
+            answer = client.get("/static-offline-docs/swagger-ui-bundle.js")
+        assert answer.status_code == 200
+        length = int(answer.headers["content-length"])
+        assert len(answer.content) == length > 1_000_000
+        cut = 0
+        for conn in older:
+            try:
+                Reader(conn).answer()
+            except ConnectionError:  # what reached its socket before the cut, then a reset
+                cut += 1
+        assert cut >= 5, f"{cut} of the 10 older clients cut off"  # 16 MB hold at most 5 of them beside the newer
+        for conn in newer:
+            status, _headers, body = Reader(conn).answer()
+            assert (status, len(body)) == (200, length)
+    finally:
+        for conn in older + newer:
+            conn.close()
+    assert "cut off: " in server.output()
+    assert "Traceback" not in server.output()
+
+
 def test_a_queued_request_whose_body_waited_is_answered_once_its_turn_comes(served: tuple[Server, int]) -> None:
     """A GET and a 9 KB review in one write: the review's head is parsed behind the GET's answer being made
     and its body waits unparsed. Once the GET is answered the review is the request running, and its body

@@ -661,7 +661,7 @@ def test_a_client_ca_removed_from_the_file_is_no_longer_trusted(tls_dir: Path, t
 def test_a_joined_write_does_not_keep_its_request_alive() -> None:
     """The transport that joins a response's writes refers to its request's cycle weakly: with a strong
     reference the two would form a cycle, each request's scope and body kept until the collector ran."""
-    from webhook.web.connections import _JoinedWrites
+    from webhook.web.connections import Limits, _JoinedWrites
 
     class Cycle:
         response_started = True
@@ -673,12 +673,20 @@ def test_a_joined_write_does_not_keep_its_request_alive() -> None:
         def write(self, data: bytes) -> None:
             self.sent.append(data)
 
-    transport, cycle = Transport(), Cycle()
-    joined = _JoinedWrites(transport, cycle)
+        def is_closing(self) -> bool:
+            return False
+
+    class Connection:  # what the joined writes count their bytes on (Unread)
+        _unread, _read_at, _acked_measured = 0, 0.0, -1
+        limits = Limits(1, 1.0)
+
+    transport, cycle, conn = Transport(), Cycle(), Connection()
+    joined = _JoinedWrites(transport, cycle, conn)  # type: ignore[arg-type]
     cycle.transport = joined  # type: ignore[attr-defined]  # as uvicorn's cycle holds it
     joined.write(b"HTTP/1.1 200 OK\r\n\r\n")
     joined.write(b"{}")
     assert transport.sent == [b"HTTP/1.1 200 OK\r\n\r\n{}"]
+    assert conn._unread == conn.limits.unread.total == len(transport.sent[0])
     alive = weakref.ref(cycle)
     gc.disable()
     try:

@@ -37,6 +37,10 @@ uvicorn's httptools protocol, plus what it lacks:
   MIN_READ_PROGRESS of them in STALL_SECONDS; after every read the client owes the rest of a head or
   body within the deadline, or, with nothing in progress, a next request within the idle timeout (empty
   lines included); requests pipelined behind an answer that closed the connection are dropped.
+- a budget for answers not read yet, all connections together (UNREAD_BUDGET): the kernel grows a socket's
+  send queue to 4 MB, so a client that read none of a 1.5 MB page held all of it in our memory without ever
+  pausing our writes, for as long as it kept the connection (the idle timeout); 200 of them held 280 MB.
+  Past the budget, the connections whose clients went longest without reading are cut off (`Unread`).
 It also writes each response's head together with its body's first bytes: uvicorn writes them apart, so
 a small answer cost two TLS records and two sends where one does (a third of the CPU of a /mutate went to
 those writes). It also keeps the request target as sent when it is not origin-form (`POST https://host/mutate`), so the
@@ -46,9 +50,12 @@ router can refuse it: the API server only ever sends origin-form targets.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import logging
 import socket
 import struct
+import termios
 import time
 import weakref
 from collections.abc import Callable, Mapping
@@ -82,9 +89,15 @@ FEED_BYTES = 4096
 # clients pipelining reviews held the event loop for seconds per turn, and a new connection (the API
 # server's) waited 36 s for its handshake.
 TURN_ANSWERS = 4
+# Answers written and not read yet, all connections of the process together: the transports' buffers and
+# the sockets' send queues. Past it, the connections whose clients went longest without reading are cut off,
+# down to UNREAD_AFTER_CUT. Admission answers are a few KB and read at once; a browser opening /docs reads 1.7 MB.
+UNREAD_BUDGET = 16 * 1024 * 1024
+UNREAD_AFTER_CUT = 12 * 1024 * 1024
 # struct tcp_info (linux/tcp.h): the u64 tcpi_bytes_acked at offset 120, since Linux 4.1.
 _BYTES_ACKED = struct.Struct("=120xQ")
 _TCP_INFO_SIZE = 256
+_LINGER_RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close resets, and drops what was not sent
 
 
 class Direct(Protocol):
@@ -141,6 +154,7 @@ class Limits:
         *,
         name: str = "server.maxConnections",
         deadline: float = 2.0,
+        unread: Unread | None = None,
     ) -> None:
         self.max_connections = max_connections
         self.name = name
@@ -152,6 +166,8 @@ class Limits:
         self.late = Deadlines()
         # Connections whose client reads none of the answers written to it (pause_writing), until it does.
         self.stalled = Deadlines(stalled=True)
+        # Shared by the process's servers: the memory it bounds is the process's.
+        self.unread = unread if unread is not None else Unread(self)
         self._warned: dict[str, float] = {}
 
     def refuse(self, open_connections: int) -> None:
@@ -175,6 +191,73 @@ class Limits:
 
     def readiness(self) -> str | None:
         return "shutting down: draining connections" if self.draining else None
+
+
+class Unread:
+    """Bytes of answers the clients may not have read yet, within UNREAD_BUDGET. Counted as they are written,
+    an upper bound (what a client leaves unread grows only as we write), and measured connection by
+    connection only once the count passes the budget: the transport's buffer, the socket's send queue
+    (SIOCOUTQ), and the bytes the client acknowledged (TCP_INFO). A client was last seen reading when it
+    had nothing left unread, or when it acknowledged MIN_READ_PROGRESS more since it was last seen reading;
+    the first cut are those seen reading longest ago (the largest first among equals). The API server reads
+    its answers at once: its connections measure 0."""
+
+    def __init__(self, limits: Limits, budget: int = UNREAD_BUDGET, after_cut: int = UNREAD_AFTER_CUT) -> None:
+        self.limits, self.budget, self.after_cut = limits, budget, after_cut
+        self.total = 0
+        self.cut = 0
+        self._owing: dict[_LimitedProtocol, None] = {}  # connections counted since they last measured 0
+
+    def wrote(self, conn: _LimitedProtocol, size: int) -> None:
+        if not size:
+            return
+        if not conn._unread:
+            self._owing[conn] = None
+            conn._read_at = time.monotonic()  # it had read all there was
+            conn._acked_measured = -1
+        conn._unread += size
+        self.total += size
+        if self.total > self.budget:
+            self._measure()
+
+    def forget(self, conn: _LimitedProtocol) -> None:
+        if conn._unread:  # counted: it is owing
+            del self._owing[conn]
+            self.total -= conn._unread
+            conn._unread = 0
+
+    def _measure(self) -> None:
+        now, total = time.monotonic(), 0
+        for conn in list(self._owing):
+            held, acked = conn.unread_now()
+            if conn._acked_measured < 0:
+                conn._acked_measured = acked
+            elif acked - conn._acked_measured >= MIN_READ_PROGRESS:
+                conn._acked_measured, conn._read_at = acked, now
+            conn._unread = held
+            total += held
+            if not held:
+                del self._owing[conn]
+        self.total = total
+        if total <= self.budget:
+            return
+        for conn in sorted(self._owing, key=lambda c: (c._read_at, -c._unread)):
+            if self.total <= self.after_cut:
+                break
+            self.cut += 1
+            self.limits.warn(
+                "unread",
+                "connection from %s cut off: %d bytes of answers unread since %.1f s, with %d MB unread in all "
+                "(over %d MB); %d cut so far",
+                conn.client,
+                conn._unread,
+                now - conn._read_at,
+                total >> 20,
+                self.budget >> 20,
+                self.cut,
+            )
+            self.forget(conn)
+            conn.cut_off()
 
 
 class Deadlines:
@@ -215,14 +298,20 @@ class _JoinedWrites:
     started) until the next write, or the response's end, and sends them as one. Writes before the
     response (a 100 Continue) and after the first body bytes pass straight through."""
 
-    __slots__ = ("_cycle", "_head", "_joining", "_transport")
+    __slots__ = ("_conn", "_cycle", "_head", "_joining", "_transport")
 
-    def __init__(self, transport: Any, cycle: Any) -> None:
+    def __init__(self, transport: Any, cycle: Any, conn: _LimitedProtocol) -> None:
         # Weakly: the cycle holds this as its transport, and a reference cycle would keep every request's
         # cycle (its scope, its body) alive until the collector runs, or for good once a relist freezes it.
-        self._transport, self._cycle = transport, weakref.ref(cycle)
+        self._transport, self._cycle, self._conn = transport, weakref.ref(cycle), weakref.ref(conn)
         self._head: bytes | None = None
         self._joining = True
+
+    def _write(self, data: bytes) -> None:
+        self._transport.write(data)
+        conn = self._conn()
+        if conn is not None and not self._transport.is_closing():
+            conn.limits.unread.wrote(conn, len(data))
 
     def write(self, data: bytes) -> None:
         cycle = self._cycle()
@@ -231,12 +320,12 @@ class _JoinedWrites:
                 self._head = data
                 return
             data, self._head, self._joining = self._head + data, None, False
-        self._transport.write(data)
+        self._write(data)
 
     def flush(self) -> None:
         if self._head is not None:
             head, self._head, self._joining = self._head, None, False
-            self._transport.write(head)
+            self._write(head)
 
     def close(self) -> None:
         self.flush()
@@ -280,6 +369,9 @@ class _LimitedProtocol(HttpToolsProtocol):
     _running: Any = None  # the ASGI cycle started last (self.cycle may be one queued behind it)
     _acked = 0  # bytes the client had acknowledged when its reading was last checked (stalled)
     _turn = 0  # requests answered directly since this connection's turn began (TURN_ANSWERS)
+    _unread = 0  # bytes of answers written since the client was last measured to have read them all (Unread)
+    _read_at = 0.0  # when the client was last seen reading (Unread)
+    _acked_measured = -1  # bytes it had acknowledged when last seen reading; -1 before its first measure
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
@@ -295,6 +387,7 @@ class _LimitedProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.limits.late.stop(self)
         self.limits.stalled.stop(self)
+        self.limits.unread.forget(self)
         if self._pending is not None and self.direct is not None:
             self.direct.finished(self._pending.endpoint, "client_gone", None)
             self._pending = None
@@ -476,7 +569,7 @@ class _LimitedProtocol(HttpToolsProtocol):
             return
         super().on_headers_complete()
         if self.cycle is not None:
-            joined = _JoinedWrites(self.transport, self.cycle)
+            joined = _JoinedWrites(self.transport, self.cycle, self)
             self.cycle.transport = cast(asyncio.Transport, joined)  # duck-typed: what the cycle calls
             done = self.cycle.on_response
 
@@ -547,8 +640,10 @@ class _LimitedProtocol(HttpToolsProtocol):
             if not keep_alive:
                 head.append(b"connection: close\r\n")
             head += (b"\r\n", body)
-            self.transport.write(b"".join(head))
+            answer = b"".join(head)
+            self.transport.write(answer)
             self.server_state.total_requests += 1
+            self.limits.unread.wrote(self, len(answer))
             if not keep_alive:
                 self._closing = True
                 self.transport.close()
@@ -588,8 +683,25 @@ class _LimitedProtocol(HttpToolsProtocol):
             self.limits.stalled.start(self, STALL_SECONDS)
             return
         self.limits.warn("stalled", "connection from %s cut off: its answers were not read", self.client)
+        self.cut_off()
+
+    def cut_off(self) -> None:
+        """Close at once, with a reset: a close would wait for the answers to be read, which is what the client
+        does not do, and the kernel kept an aborted socket's unsent answers (and its memory) for minutes."""
         self._closing = True
+        sock = self.transport.get_extra_info("socket")
+        with contextlib.suppress(OSError, AttributeError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
         self.transport.abort()
+
+    def unread_now(self) -> tuple[int, int]:
+        """Bytes of answers waiting in the transport and the socket's send queue (sent, not acknowledged, or
+        not sent yet), and the bytes the client has acknowledged so far."""
+        held = self.transport.get_write_buffer_size()
+        sock = self.transport.get_extra_info("socket")
+        with contextlib.suppress(OSError, AttributeError, ValueError):
+            held += struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]
+        return held, self._bytes_acked()
 
     def _bytes_acked(self) -> int:
         """Bytes of answers the client's end has acknowledged (Linux's TCP_INFO tcpi_bytes_acked; 0 where it
@@ -670,7 +782,9 @@ class _LimitedProtocol(HttpToolsProtocol):
         self._refusal = None
         body = orjson.dumps({"error": message})
         fields = b"content-type: application/json\r\nconnection: close\r\ncontent-length: %d\r\n\r\n" % len(body)
-        self.transport.write(b"".join(self._head_of(status, fields)) + body)
+        answer = b"".join(self._head_of(status, fields)) + body
+        self.transport.write(answer)
+        self.limits.unread.wrote(self, len(answer))
         self.loop.call_later(LINGER_SECONDS, self.transport.close)
 
     def shutdown(self) -> None:

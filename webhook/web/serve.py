@@ -32,7 +32,7 @@ from webhook.config import ServerSettings, Settings, load_settings
 from webhook.errors import ConfigError
 from webhook.preview.workers import no_cluster_export
 from webhook.review import no_cluster
-from webhook.web.connections import Limits, protocol_class
+from webhook.web.connections import Limits, Unread, protocol_class
 from webhook.web.metrics import Metrics
 from webhook.web.server import DIRECT, MetricsApp, WebhookApp
 from webhook.web.tls import ReloadingTLS, TLSFiles, file_stamp
@@ -233,7 +233,7 @@ def serve(
         Reloader(app, tls, config_file, overrides=overrides),
         limits,
         drain_seconds=settings.server.drain_seconds,
-        metrics=_metrics_server(settings.server, metrics),
+        metrics=_metrics_server(settings.server, metrics, limits.unread),
     )
     with contextlib.suppress(ValueError):  # only the main thread may set handlers (tests run serve in threads)
         signal.signal(signal.SIGHUP, server.request_reload)
@@ -290,13 +290,17 @@ def _https_config(app: WebhookApp, server: ServerSettings, tls: ReloadingTLS, *,
     )
 
 
-def _metrics_server(server: ServerSettings, metrics: Metrics) -> tuple[uvicorn.Server, Limits] | None:
+def _metrics_server(server: ServerSettings, metrics: Metrics, unread: Unread) -> tuple[uvicorn.Server, Limits] | None:
     """The plain-HTTP /metrics listener, when `server.metricsPort` asks for one, and its connections' limits."""
     if not server.metrics_port:
         return None
     # Scrapers are few: 16 connections, and silent ones go at the idle timeout like anywhere.
     limits = Limits(
-        16, server.idle_timeout_seconds, name="the metrics port's 16 connections", deadline=server.deadline_seconds
+        16,
+        server.idle_timeout_seconds,
+        name="the metrics port's 16 connections",
+        deadline=server.deadline_seconds,
+        unread=unread,  # the admission port's: one budget for the process's memory
     )
     config = uvicorn.Config(
         MetricsApp(metrics),
