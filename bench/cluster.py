@@ -28,11 +28,12 @@ RUNTIMES = ["containerd://1.7.11"] * 8 + ["containerd://1.7.7-k3s1.27", "docker:
 ZONES = ["eu-west-1a", "eu-west-1b", "eu-west-1c"]
 
 
-def realistic(i: int, images: int) -> dict[str, Any]:
+def realistic(i: int, images: int, extra: int = 0, per: str = "pool") -> dict[str, Any]:
     """A node as a managed cluster (EKS here) labels and annotates it: 15 labels (the hostname, os and arch
     with their beta twins, instance type, zone and region with their deprecated twins, node group and its
     image, capacity type, the cloud provider's hash) and 4 annotations, the rows carrying the managed fields
-    the API server records."""
+    the API server records. `extra` more label keys, each with a value per node group (`per` "pool": a team,
+    a cost centre) or per node ("node": an id)."""
     zone, instance = ZONES[i % 3], ["m6i.2xlarge", "m6i.4xlarge", "c6i.8xlarge"][i % 3]
     pool = f"pool-{i % 20}"
     name = f"ip-10-{i // 65536}-{i // 256 % 256}-{i % 256}.eu-west-1.compute.internal"
@@ -51,6 +52,8 @@ def realistic(i: int, images: int) -> dict[str, Any]:
         "topology.kubernetes.io/region": "eu-west-1",
         "topology.kubernetes.io/zone": zone,
     }  # with the hostname and kubernetes.io/os that every node gets: 15
+    for k in range(extra):
+        labels[f"example.com/extra-{k}"] = f"{pool}-{k}" if per == "pool" else f"n{i}-{k}"
     annotations = {
         "alpha.kubernetes.io/provided-node-ip": f"10.{i // 65536}.{i // 256 % 256}.{i % 256}",
         "csi.volume.kubernetes.io/nodeid": json.dumps({"ebs.csi.aws.com": f"i-0{i:016x}"}),
@@ -97,10 +100,12 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--nodes", type=int, default=5000)
     parser.add_argument("--images", type=int, default=50)
+    parser.add_argument("--extra-labels", type=int, default=0)
+    parser.add_argument("--per", choices=["pool", "node"], default="pool")
     args = parser.parse_args()
     api = FakeAPIServer()
     api.max_events = 50_000
-    api.put_many(NODES, [realistic(i, args.images) for i in range(args.nodes)])
+    api.put_many(NODES, [realistic(i, args.images, args.extra_labels, args.per) for i in range(args.nodes)])
     full = sum(len(api._encoded(NODES, obj, False)) for obj in api.objects[NODES].values())
     rows = sum(len(api._encoded(NODES, obj, True)) for obj in api.objects[NODES].values())
     api.start()

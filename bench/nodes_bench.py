@@ -6,7 +6,9 @@ conditions) served in pages of 500 by the tests' list/watch API server in a proc
    (metadata and the runtime column): bytes sent per relist, sync time, RSS growth.
 2. The real server (`copilot-webhook serve`), started `--repeat` times: time to list and project every
    node (its own log line), RSS with the cache held and the peak (VmHWM), per thousand nodes.
-3. Admission latency, in one server and one run: wrk on POST /mutate (a Flyte 1.15 review, 8
+3. Label keys, in this process: the cache's memory (tracemalloc) with the 15 labels, then with 10 keys
+   more valued per node group, then per node, each from a cluster of its own: the cost of one key.
+4. Admission latency, in one server and one run: wrk on POST /mutate (a Flyte 1.15 review, 8
    connections) idle, while the API server sends node status updates at `--events` a second, and while
    the node cache relists over and over; each round measures the three in turn, medians over rounds.
 
@@ -50,10 +52,11 @@ local f = io.open("{body}", "rb"); wrk.body = f:read("*a"); f:close()
 
 
 class Cluster:
-    def __init__(self, nodes: int, images: int) -> None:
+    def __init__(self, nodes: int, images: int, extra: int = 0, per: str = "pool") -> None:
         # At the lowest CPU priority: in a cluster the API server runs elsewhere; here it shares two cores
         # with the server under test and the load generator, and should take only what they leave.
-        command = [sys.executable, str(ROOT / "bench" / "cluster.py"), "--nodes", str(nodes), "--images", str(images)]
+        command = [sys.executable, str(ROOT / "bench" / "cluster.py"), "--nodes", str(nodes), "--images", str(images),
+                   "--extra-labels", str(extra), "--per", per]  # fmt: skip
         self.process = subprocess.Popen(
             ["nice", "-n", "19", *command],
             stdin=subprocess.PIPE,
@@ -118,6 +121,56 @@ def formats(cluster: Cluster, repeat: int) -> list[str]:
             f"{statistics.median(growth):.1f} MB |"
         )
     return [*lines, "", *plans]
+
+
+def _cache_bytes(cluster: Cluster) -> int:
+    """Python memory the node cache holds once it has listed `cluster` (tracemalloc: what is allocated and
+    kept, not the allocator's pages, which earlier lists leave behind in this process)."""
+    import tracemalloc
+
+    from kubernetes import client
+
+    from webhook.cluster.access import api_client
+    from webhook.cluster.nodes import NodeCache
+    from webhook.config import ClusterSettings
+
+    kubeconfig = write_kubeconfig(Path(tempfile.mkdtemp()) / "kubeconfig", cluster.url)
+    core = client.CoreV1Api(api_client(ClusterSettings(kubeconfig=str(kubeconfig))))
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        cache = NodeCache(core.list_node)
+        cache.informer.list_once()
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0] - before
+        del cache
+    finally:
+        tracemalloc.stop()
+    return held
+
+
+def label_keys(cluster: Cluster, nodes: int, images: int, extra: int = 10) -> list[str]:
+    """What each label key costs the cache: the benchmark's 15 labels, then `extra` keys more with a value
+    per node group (20 groups), then `extra` keys more with a value per node, each in a cluster of its own."""
+    base = _cache_bytes(cluster)
+    rows = [f"| the 15 labels above | {base / 1e6:.1f} MB | {base / nodes * 1000 / 1e6:.2f} MB | |"]
+    for per, what in (("pool", "a value per node group"), ("node", "a value per node")):
+        more = Cluster(nodes, images, extra, per)
+        try:
+            held = _cache_bytes(more)
+        finally:
+            more.close()
+        key = (held - base) / extra
+        rows.append(
+            f"| {extra} keys more, {what} | {held / 1e6:.1f} MB | {held / nodes * 1000 / 1e6:.2f} MB | "
+            f"{key / 1e6:.2f} MB ({key / nodes * 1000 / 1e6:.3f} MB per 1,000 nodes) |"
+        )
+    return [
+        f"| labels ({nodes:,} nodes, Table rows; tracemalloc) | cache held | per 1,000 nodes | per key more |",
+        "|---|---:|---:|---:|",
+        *rows,
+    ]
 
 
 def _plan_timings(cache: Any) -> list[str]:
@@ -350,7 +403,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--events", type=float, default=2400)
     parser.add_argument("--seconds", type=int, default=8)
-    parser.add_argument("--skip", action="append", default=[], choices=["formats", "server", "latency"])
+    parser.add_argument("--skip", action="append", default=[], choices=["formats", "keys", "server", "latency"])
     args = parser.parse_args()
 
     from certs.authority import generate_files
@@ -369,6 +422,8 @@ def main() -> None:
         if "server" not in args.skip:
             base = empty_server(tls, work)
             print("\n".join(real_server(cluster, tls, work, args.repeat, args.nodes, base)) + "\n")
+        if "keys" not in args.skip:
+            print("\n".join(label_keys(cluster, args.nodes, args.images)) + "\n")
         if "latency" not in args.skip:
             print("\n".join(latency(cluster, tls, work, args.repeat, args.seconds, args.events)))
     finally:
