@@ -87,15 +87,21 @@ def _status(pid: int, key: str) -> float:
     return float("nan")
 
 
-def formats(cluster: Cluster, repeat: int) -> list[str]:
+def _core_api(cluster: Cluster) -> Any:
+    """The kubernetes client's CoreV1Api on `cluster`, built as the server builds its own."""
     from kubernetes import client
 
     from webhook.cluster.access import api_client
-    from webhook.cluster.nodes import NodeCache
     from webhook.config import ClusterSettings
 
     kubeconfig = write_kubeconfig(Path(tempfile.mkdtemp()) / "kubeconfig", cluster.url)
-    core = client.CoreV1Api(api_client(ClusterSettings(kubeconfig=str(kubeconfig))))
+    return client.CoreV1Api(api_client(ClusterSettings(kubeconfig=str(kubeconfig))))
+
+
+def formats(cluster: Cluster, repeat: int) -> list[str]:
+    from webhook.cluster.nodes import NodeCache
+
+    core = _core_api(cluster)
     results: dict[str, tuple[list[float], list[float]]] = {"full objects": ([], []), "Table rows": ([], [])}
     cache_for_plans: Any = None
     for _ in range(repeat):
@@ -128,14 +134,9 @@ def _cache_bytes(cluster: Cluster) -> int:
     kept, not the allocator's pages, which earlier lists leave behind in this process)."""
     import tracemalloc
 
-    from kubernetes import client
-
-    from webhook.cluster.access import api_client
     from webhook.cluster.nodes import NodeCache
-    from webhook.config import ClusterSettings
 
-    kubeconfig = write_kubeconfig(Path(tempfile.mkdtemp()) / "kubeconfig", cluster.url)
-    core = client.CoreV1Api(api_client(ClusterSettings(kubeconfig=str(kubeconfig))))
+    core = _core_api(cluster)
     gc.collect()
     tracemalloc.start()
     try:

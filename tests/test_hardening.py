@@ -690,7 +690,7 @@ def test_a_client_ca_removed_from_the_file_is_no_longer_trusted(tls_dir: Path, t
 def test_a_joined_write_does_not_keep_its_request_alive() -> None:
     """The transport that joins a response's writes refers to its request's cycle weakly: with a strong
     reference the two would form a cycle, each request's scope and body kept until the collector ran."""
-    from webhook.web.connections import Limits, _JoinedWrites
+    from webhook.web.connections import Limits, _JoinedWrites, _LimitedProtocol
 
     class Cycle:
         response_started = True
@@ -705,11 +705,16 @@ def test_a_joined_write_does_not_keep_its_request_alive() -> None:
         def is_closing(self) -> bool:
             return False
 
-    class Connection:  # what the joined writes count their bytes on (Unread)
+    class Connection:  # the connection the joined writes send through, counting their bytes (Unread)
         _unread, _read_at, _seen = 0, 0.0, None
         limits = Limits(1, 1.0)
+        send = _LimitedProtocol.send
 
-    transport, cycle, conn = Transport(), Cycle(), Connection()
+        def __init__(self, transport: Transport) -> None:
+            self.transport = transport
+
+    transport, cycle = Transport(), Cycle()
+    conn = Connection(transport)
     joined = _JoinedWrites(transport, cycle, conn)  # type: ignore[arg-type]
     cycle.transport = joined  # type: ignore[attr-defined]  # as uvicorn's cycle holds it
     joined.write(b"HTTP/1.1 200 OK\r\n\r\n")

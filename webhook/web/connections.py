@@ -168,7 +168,7 @@ class Limits:
         # Connections whose client reads none of the answers written to it (pause_writing), until it does.
         self.stalled = Deadlines(stalled=True)
         # Shared by the process's servers: the memory it bounds is the process's.
-        self.unread = unread if unread is not None else Unread(self)
+        self.unread = unread if unread is not None else Unread()
         self._warned: dict[str, float] = {}
 
     def refuse(self, open_connections: int) -> None:
@@ -206,8 +206,8 @@ class Unread:
     measure within the budget the next waits for MEASURE_STEP more: clients holding just under the budget
     made every write measure every connection (about 10 µs each)."""
 
-    def __init__(self, limits: Limits, budget: int = UNREAD_BUDGET, after_cut: int = UNREAD_AFTER_CUT) -> None:
-        self.limits, self.budget, self.after_cut = limits, budget, after_cut
+    def __init__(self, budget: int = UNREAD_BUDGET, after_cut: int = UNREAD_AFTER_CUT) -> None:
+        self.budget, self.after_cut = budget, after_cut
         self.total = 0
         self.cut = 0
         self._next = budget  # the count past which to measure
@@ -317,10 +317,11 @@ class _JoinedWrites:
         self._joining = True
 
     def _write(self, data: bytes) -> None:
-        self._transport.write(data)
         conn = self._conn()
-        if conn is not None and not self._transport.is_closing():
-            conn.limits.unread.wrote(conn, len(data))
+        if conn is not None:
+            conn.send(data)
+        else:
+            self._transport.write(data)
 
     def write(self, data: bytes) -> None:
         cycle = self._cycle()
@@ -649,10 +650,8 @@ class _LimitedProtocol(HttpToolsProtocol):
             if not keep_alive:
                 head.append(b"connection: close\r\n")
             head += (b"\r\n", body)
-            answer = b"".join(head)
-            self.transport.write(answer)
+            self.send(b"".join(head))
             self.server_state.total_requests += 1
-            self.limits.unread.wrote(self, len(answer))
             if not keep_alive:
                 self._closing = True
                 self.transport.close()
@@ -694,6 +693,12 @@ class _LimitedProtocol(HttpToolsProtocol):
         self.limits.warn("stalled", "connection from %s cut off: its answers were not read", self.client)
         self.cut_off()
 
+    def send(self, data: bytes) -> None:
+        """Write answer bytes, counted until the client has read them (Unread)."""
+        self.transport.write(data)
+        if not self.transport.is_closing():
+            self.limits.unread.wrote(self, len(data))
+
     def cut_off(self) -> None:
         """Close at once, with a reset: a close would wait for the answers to be read, which is what the client
         does not do, and the kernel kept an aborted socket's unsent answers (and its memory) for minutes."""
@@ -710,14 +715,16 @@ class _LimitedProtocol(HttpToolsProtocol):
         sock = self.transport.get_extra_info("socket")
         with contextlib.suppress(OSError, AttributeError, ValueError):
             held += struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]
-        return held, self._bytes_acked()
+        return held, self._bytes_acked(sock)
 
-    def _bytes_acked(self) -> int:
+    def _bytes_acked(self, sock: Any = None) -> int:
         """Bytes of answers the client's end has acknowledged (Linux's TCP_INFO tcpi_bytes_acked; 0 where it
         cannot say). Once its receive buffer is full it acknowledges only what it reads. Neither the
         transport's buffer nor the socket's send queue measure that: the kernel refills its queue from the
-        buffers above it in bursts, so both rise and fall while a client reads steadily."""
-        sock = self.transport.get_extra_info("socket")
+        buffers above it in bursts, so both rise and fall while a client reads steadily. `sock`: the
+        transport's, when the caller has it already."""
+        if sock is None:
+            sock = self.transport.get_extra_info("socket")
         try:
             info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_SIZE)
         except (OSError, AttributeError, ValueError):
@@ -791,9 +798,7 @@ class _LimitedProtocol(HttpToolsProtocol):
         self._refusal = None
         body = orjson.dumps({"error": message})
         fields = b"content-type: application/json\r\nconnection: close\r\ncontent-length: %d\r\n\r\n" % len(body)
-        answer = b"".join(self._head_of(status, fields)) + body
-        self.transport.write(answer)
-        self.limits.unread.wrote(self, len(answer))
+        self.send(b"".join(self._head_of(status, fields)) + body)
         self.loop.call_later(LINGER_SECONDS, self.transport.close)
 
     def shutdown(self) -> None:
