@@ -10,6 +10,12 @@ from tests.controlplane import ControlPlane
 from tests.fake_apiserver import FakeAPIServer
 from tests.image_builds import ImageBuilder
 from tests.kube_support import Kube
+from tests.skips import ALLOWED_SKIPS, SkipLedger
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Every run ends with what it ran and skipped; under CI=true an unlisted skip fails it (tests/skips.py)."""
+    config.pluginmanager.register(SkipLedger(ALLOWED_SKIPS), "skip-ledger")
 
 
 @pytest.fixture(scope="session")
