@@ -307,6 +307,28 @@ class ClusterSettings(_Section):
         return str(value).lower() if isinstance(value, bool) else value
 
 
+PodSecurityLevel = Literal["privileged", "baseline", "restricted"]
+
+
+class PodSecurityDefaults(_Section):
+    enforce: PodSecurityLevel = "privileged"
+    """Level on namespaces without a pod-security.kubernetes.io/enforce label: the API server's defaults.enforce."""
+
+
+class PodSecurityExemptions(_Section):
+    namespaces: tuple[str, ...] = ()
+    """The AdmissionConfiguration's exemptions.namespaces: no level is enforced there, labelled or not."""
+    runtime_classes: tuple[str, ...] = ()
+    """Its exemptions.runtimeClasses: no level is enforced on a pod with one of these runtimeClassName."""
+
+
+class PodSecuritySettings(_Section):
+    """The cluster's PodSecurity admission configuration, as the API server is given it (spec 1.5)."""
+
+    defaults: PodSecurityDefaults = PodSecurityDefaults()
+    exemptions: PodSecurityExemptions = PodSecurityExemptions()
+
+
 class Settings(_Section):
     mode: Literal["enforce", "shadow"] = "enforce"
     """enforce, or shadow: compute and report everything, patch nothing."""
@@ -318,6 +340,7 @@ class Settings(_Section):
     preview: PreviewSettings = PreviewSettings()
     cluster: ClusterSettings = ClusterSettings()
     image_puller: ImagePullerSettings = ImagePullerSettings()
+    pod_security: PodSecuritySettings = PodSecuritySettings()
 
 
 ConfigDocument: TypeAlias = JSONObject

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from webhook.config import CopilotSettings, PtraceMode, PtraceSettings
 from webhook.mutation.errors import Undecidable
 from webhook.mutation.pod import Container, PodView
+from webhook.mutation.podsecurity import Level
 from webhook.mutation.pointer import Operation, add, remove
 from webhook.mutation.reasons import NoCapability, PtraceSkip
 
@@ -240,7 +241,7 @@ def flyte_owned(view: PodView) -> bool:
     return type(labels) is dict and all(key in labels for key in _FLYTE_LABELS)
 
 
-def plan_ptrace(view: PodView, copilot: Copilot | None, settings: PtraceSettings, *, psa_level: str) -> PtraceResult:
+def plan_ptrace(view: PodView, copilot: Copilot | None, settings: PtraceSettings, *, level: Level) -> PtraceResult:
     """`copilot` is None for a Flyte-owned pod without copilot containers: only `drop` applies to it."""
     result = PtraceResult()
     mode = effective_mode(view, settings, result)
@@ -253,11 +254,9 @@ def plan_ptrace(view: PodView, copilot: Copilot | None, settings: PtraceSettings
     elif not copilot.legacy:
         why = copilot.why_no_capability()
         result.decision, result.skip_reason = f"add:none({why})", why
-    elif psa_level in ("baseline", "restricted"):
-        result.decision, result.skip_reason = f"add:skipped(pod-security={psa_level})", "pod-security"
-        result.warnings.append(
-            f"SYS_PTRACE not added: the namespace enforces Pod Security {psa_level!r}, which forbids it"
-        )
+    elif level.forbids_privilege:
+        result.decision, result.skip_reason = f"add:skipped(pod-security={level.name})", "pod-security"
+        result.warnings.append(f"SYS_PTRACE not added: {level} forbids it")
     else:
         _add(view, copilot, settings, result=result)
     return result

@@ -99,11 +99,6 @@ class ClusterFacts(NamedTuple):
     def label(self, key: str) -> str | None:
         return None if self.namespace_labels is None else self.namespace_labels.get(key)
 
-    @property
-    def pod_security_level(self) -> str:
-        """The namespace's Pod Security `enforce` level; `privileged` (no restriction) when unset or unknown."""
-        return (self.label(PSA_ENFORCE_LABEL) or "privileged").lower()
-
 
 NO_CLUSTER = ClusterFacts()
 

@@ -16,6 +16,7 @@ from webhook.mutation.copilot import Copilot, PtraceResult, find_copilot, flyte_
 from webhook.mutation.errors import Undecidable
 from webhook.mutation.facts import INJECT_LABEL, MODE_LABEL, ClusterFacts, Facts
 from webhook.mutation.pod import PodView, read_pod
+from webhook.mutation.podsecurity import Level, level_in_force
 from webhook.mutation.pointer import Operation, add, join
 from webhook.mutation.puller import PullerResult, plan_puller
 from webhook.mutation.reasons import PlanSkip
@@ -117,13 +118,14 @@ def plan(pod: Any, facts: Facts, settings: Settings, *, kinds: Collection[str] =
     out = Plan(shadow=shadow)
     undecided: list[str] = []
     copilot = find_copilot(view, settings.copilot)
+    level = level_in_force(view, facts, settings.pod_security)
 
     # Each kind's operations are computed against the pod as sent; the ptrace operations come first
     # because the puller inserts an init container at index 0, which would shift the paths after it.
     if PTRACE in kinds:
-        _plan_ptrace(out, undecided, view, copilot=copilot, settings=settings, psa_level=cluster.pod_security_level)
+        _plan_ptrace(out, undecided, view, copilot=copilot, settings=settings, level=level)
     if PULLER in kinds:
-        _plan_puller(out, undecided, view, is_copilot=copilot is not None, facts=facts, settings=settings)
+        _plan_puller(out, undecided, view, is_copilot=copilot is not None, facts=facts, settings=settings, level=level)
 
     _record(out, view)
     out.undecided = "; ".join(undecided) or None
@@ -131,13 +133,13 @@ def plan(pod: Any, facts: Facts, settings: Settings, *, kinds: Collection[str] =
 
 
 def _plan_ptrace(
-    out: Plan, undecided: list[str], view: PodView, *, copilot: Copilot | None, settings: Settings, psa_level: str
+    out: Plan, undecided: list[str], view: PodView, *, copilot: Copilot | None, settings: Settings, level: Level
 ) -> None:
     if copilot is None and not flyte_owned(view):
         out.outcomes[PTRACE] = Outcome(mutated=False, reason="not-copilot")
         return
     try:
-        result = plan_ptrace(view, copilot, settings.ptrace, psa_level=psa_level)
+        result = plan_ptrace(view, copilot, settings.ptrace, level=level)
     except Undecidable as exc:
         undecided.append(str(exc))
         out.outcomes[PTRACE] = Outcome(mutated=False, reason="undecided")
@@ -146,11 +148,11 @@ def _plan_ptrace(
 
 
 def _plan_puller(
-    out: Plan, undecided: list[str], view: PodView, *, is_copilot: bool, facts: Facts, settings: Settings
+    out: Plan, undecided: list[str], view: PodView, *, is_copilot: bool, facts: Facts, settings: Settings, level: Level
 ) -> None:
     recorded = PULLER in parse_summary(view.annotation(MUTATED_ANNOTATION))
     try:
-        pulled = plan_puller(view, is_copilot, facts, settings=settings.image_puller, recorded=recorded)
+        pulled = plan_puller(view, is_copilot, facts, settings=settings.image_puller, recorded=recorded, level=level)
     except Undecidable as exc:
         undecided.append(str(exc))
         out.outcomes[PULLER] = Outcome(mutated=False, reason="undecided")

@@ -18,6 +18,7 @@ from webhook.errors import InvalidReference
 from webhook.mutation.errors import PodShapeError, Undecidable
 from webhook.mutation.facts import Facts
 from webhook.mutation.pod import Container, PodView
+from webhook.mutation.podsecurity import Level
 from webhook.mutation.pointer import Operation, add, join
 from webhook.mutation.reasons import PullerSkip
 from webhook.mutation.runtime import Runtime, decide_runtime
@@ -261,7 +262,7 @@ def _skip(reason: PullerSkip, warning: str | None = None, runtime: Runtime | Non
 
 
 def plan_puller(
-    view: PodView, is_copilot: bool, facts: Facts, *, settings: ImagePullerSettings, recorded: bool
+    view: PodView, is_copilot: bool, facts: Facts, *, settings: ImagePullerSettings, recorded: bool, level: Level
 ) -> PullerResult:
     """Raises Undecidable on a name clash (spec 1.3: handled per failurePolicy)."""
     if not settings.enabled:
@@ -272,9 +273,8 @@ def plan_puller(
         return _skip("not-copilot")
     if already_injected(view, recorded):
         return _skip("already-injected")
-    level = facts.cluster.pod_security_level
-    if level in ("baseline", "restricted"):
-        return _skip("pod-security", f"no image puller: Pod Security {level!r} forbids its hostPath socket volume")
+    if level.forbids_privilege:
+        return _skip("pod-security", f"no image puller: {level} forbids its hostPath socket volume")
     images = select_images(view, settings)
     if not images:
         return _skip("no-images")
