@@ -136,6 +136,9 @@ class ControlPlane:
     controller_manager_binary: Path | None = None
     authorization: str = "Node,RBAC"
     processes: list[Process] = field(default_factory=list)
+    # The PodSecurityConfiguration of the API server's AdmissionConfiguration (defaults, exemptions); None:
+    # the API server's own, privileged everywhere but where a namespace label says otherwise.
+    pod_security: dict[str, Any] | None = None
 
     @property
     def url(self) -> str:
@@ -232,8 +235,26 @@ class ControlPlane:
                 "--allow-privileged=true",
                 "--profiling=false",
                 "--v=1",
+                *self._admission_flags(),
             ],
         )
+
+    def _admission_flags(self) -> list[str]:
+        if self.pod_security is None:
+            return []
+        configuration = {
+            "apiVersion": "pod-security.admission.config.k8s.io/v1",
+            "kind": "PodSecurityConfiguration",
+            **self.pod_security,
+        }
+        admission = {
+            "apiVersion": "apiserver.config.k8s.io/v1",
+            "kind": "AdmissionConfiguration",
+            "plugins": [{"name": "PodSecurity", "configuration": configuration}],
+        }
+        path = self.workdir / "admission.yaml"
+        path.write_text(yaml.safe_dump(admission))
+        return [f"--admission-control-config-file={path}"]
 
     def _start_controller_manager(self) -> None:
         # Only the controllers whose work the tests read: the one that type-checks ValidatingAdmissionPolicies
@@ -305,6 +326,11 @@ class ControlPlane:
         self.processes.remove(process)
         self._start_apiserver(self.workdir / "pki")
         self._wait_ready()
+
+    def enforce_pod_security(self, configuration: dict[str, Any] | None) -> None:
+        """Restart the API server with this PodSecurityConfiguration (None: its own defaults)."""
+        self.pod_security = configuration
+        self.restart_apiserver()
 
     def _wait_ready(self, timeout: float = 90) -> None:
         deadline = time.monotonic() + timeout
