@@ -616,6 +616,9 @@ def test_one_version_everywhere() -> None:
 DIFFERENT_ON_PURPOSE = {
     "server.metricsPort": "the chart opens the plain-HTTP metrics port for its ServiceMonitor and PodMonitor; a "
     "server started by hand opens no port it was not asked for",
+    "podSecurity.defaults.enforce": "the chart cannot read the API server's PodSecurity defaults, and assuming less "
+    "than a cluster enforces gets pods refused; a server started by hand is told, and a cluster without an "
+    "AdmissionConfiguration enforces privileged",
 }
 
 
