@@ -11,8 +11,14 @@ workers at most, started on the first preview. A job carries the body, query, se
 labels and the nodes' runtime groups. Nodes are asked for while the job runs, over the same pipe: the
 label-index entries and the nodes a pod's scheduling constraints name, answered from the snapshot of the
 job's start. (A worker holding a copy of every node took 175 MB more at 65,000 nodes, measured.) A job
-that outlives `preview.timeoutSeconds` has its worker killed; a worker that dies is replaced at the next
-job.
+that outlives `preview.timeoutSeconds` has its worker killed and is answered 503; it is not run again.
+
+A preview is lost only when its own work was lost. A worker that dies otherwise (killed while idle, or while
+it runs the job) is replaced, and the job run once more on the fresh worker, within the same deadline
+(previews are pure: running one again changes nothing). A job that both workers had taken when they died
+made them die: it is answered 422 and not run a third time. At most one run again per preview, in the same
+slot: never more than `preview.concurrency` worker processes, and each one that dies or is killed is
+reaped before its slot starts another.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ log = logging.getLogger(__name__)
 
 FactsExport = Callable[[], tuple[ExportedFacts, NodeSnapshot | None]]
 ASK, ANSWER = "ask", "answer"  # a worker's question about nodes, mid-job, and its reply
+TAKEN = "taken"  # a worker has the job: a death from here on may be the job's doing
 CHUNK = 5000  # nodes per answer when a worker needs all of them
 
 
@@ -66,6 +73,23 @@ class _Job(NamedTuple):
     facts: ExportedFacts
 
 
+class WorkerDied(Exception):
+    """The worker process died before answering, its deadline not passed; `taken`: it had taken the job."""
+
+    def __init__(self, taken: bool, exitcode: int | None) -> None:
+        super().__init__(f"preview worker died ({_death(exitcode)}) {'running' if taken else 'before'} its job")
+        self.taken, self.exitcode = taken, exitcode
+
+
+def _death(exitcode: int | None) -> str:
+    if exitcode is None or exitcode >= 0:
+        return f"exit code {exitcode}"
+    try:
+        return f"killed by {signal.Signals(-exitcode).name}"
+    except ValueError:
+        return f"killed by signal {-exitcode}"
+
+
 class Worker:
     """One worker process; `run` blocks (call it from a thread) until the answer or the deadline."""
 
@@ -82,39 +106,62 @@ class Worker:
         self._process, self._conn = process, parent
         return parent
 
-    def stop(self) -> None:
+    def stop(self) -> int | None:
+        """Kill and reap the process; its exit code (None when there was none)."""
+        exitcode = None
         if self._process is not None:
             self._process.kill()
             self._process.join(timeout=5)
+            exitcode = self._process.exitcode
         if self._conn is not None:
             self._conn.close()
         self._process = self._conn = None
+        return exitcode
 
-    def run(self, job: _Job, timeout: float, snapshot: NodeSnapshot | None = None) -> tuple[bytes, str]:
-        conn = self._conn if self._process is not None and self._process.is_alive() else None
-        if conn is None:
-            self.stop()
-            conn = self._start()
-        deadline = time.monotonic() + timeout
+    def _live(self) -> Connection:
+        """The pipe to a live process: the one running, else a fresh one (the dead one reaped first)."""
+        process, conn = self._process, self._conn
+        if process is not None and conn is not None and process.is_alive():
+            return conn
+        if process is not None:
+            log.warning("preview worker died (%s) between jobs; starting a fresh one", _death(self.stop()))
+        self.stop()
+        return self._start()
+
+    def run(self, job: _Job, deadline: float, snapshot: NodeSnapshot | None = None) -> tuple[bytes, str]:
+        """The job's answer by `deadline` (time.monotonic()): PreviewFailed past it (the process killed),
+        WorkerDied if the process dies first."""
+        conn = self._live()
+        taken = False
         try:
             conn.send(job)
             while True:
-                if not conn.poll(max(0.0, deadline - time.monotonic())):
-                    self.stop()
-                    raise PreviewFailed(
-                        503, f"preview took longer than preview.timeoutSeconds ({timeout:g} s); stopped"
-                    )
-                message = conn.recv()
-                if message[0] != ASK:
+                message = self._next(conn, deadline, job)
+                if message[0] == TAKEN:
+                    taken = True
+                elif message[0] == ASK:
+                    conn.send((ANSWER, answer(snapshot, message[1], message[2])))
+                else:
                     break
-                conn.send((ANSWER, answer(snapshot, message[1], message[2])))
-            status, first, second = message
-        except (EOFError, OSError, BrokenPipeError):
-            self.stop()
-            raise PreviewFailed(503, "the preview worker stopped; try again") from None
+        except (EOFError, OSError):  # BrokenPipeError and ConnectionResetError included
+            raise WorkerDied(taken, self.stop()) from None
+        status, first, second = message
         if status != 200:
             raise PreviewFailed(status, first)
         return first, second
+
+    def _next(self, conn: Connection, deadline: float, job: _Job) -> Any:
+        if not conn.poll(max(0.0, deadline - time.monotonic())):
+            self.stop()
+            timeout = job.settings.preview.timeout_seconds
+            raise PreviewFailed(503, f"preview took longer than preview.timeoutSeconds ({timeout:g} s); stopped")
+        return conn.recv()
+
+
+_KILLER = (
+    "the document made the preview worker die: two workers died running it ({how}); it was not run a third"
+    " time, and sending it again will do the same"
+)
 
 
 class Previewer:
@@ -137,9 +184,23 @@ class Previewer:
     def run(
         self, worker: Worker, body: bytes, content_type: str, *, query: PreviewQuery, settings: Settings
     ) -> tuple[bytes, str]:
+        """The preview's answer from `worker`. A death of its process (not a timeout) runs the job once more,
+        on a fresh process, by the same deadline; 422 when both processes had taken the job."""
         facts, snapshot = self._export()
         job = _Job(body, content_type, query, settings, facts)
-        return worker.run(job, settings.preview.timeout_seconds, snapshot)
+        deadline = time.monotonic() + settings.preview.timeout_seconds
+        try:
+            return worker.run(job, deadline, snapshot)
+        except WorkerDied as exc:
+            first = exc
+        log.warning("%s; running it again on a fresh worker", first)
+        try:  # at most once more, within the same deadline
+            return worker.run(job, deadline, snapshot)
+        except WorkerDied as second:
+            log.warning("%s, the second time", second)
+            if first.taken and second.taken:
+                raise PreviewFailed(422, _KILLER.format(how=_death(second.exitcode))) from None
+            raise PreviewFailed(503, "the preview worker stopped; try again") from None
 
     def stop(self) -> None:
         with self._lock:
@@ -228,6 +289,7 @@ def _serve(conn: Connection) -> None:
     while True:
         try:
             job: _Job = conn.recv()
+            conn.send((TAKEN,))
         except (EOFError, OSError):
             return  # the server is gone
         try:
