@@ -35,7 +35,7 @@ def test_the_openapi_description_covers_the_whole_api() -> None:
     assert set(spec["paths"]) >= {"/preview", "/mutate", "/mutate/ptrace", "/mutate/image-puller", "/healthz",
                                   "/readyz", "/metrics"}  # fmt: skip
     parameters = {p["name"]: p for p in spec["paths"]["/preview"]["post"]["parameters"]}
-    assert set(parameters) == {"output", "runtime", "node", "namespace"}
+    assert set(parameters) == {"output", "runtime", "node", "namespace", "podSecurity"}
     schemas = spec["components"]["schemas"]
     output = schemas[parameters["output"]["schema"]["$ref"].rsplit("/", 1)[1]]
     assert output["enum"] == ["json", "yaml", "patch", "diff"]

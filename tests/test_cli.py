@@ -82,6 +82,15 @@ def test_preview_matches_the_http_answer_offline() -> None:
     assert {"op": "add", "path": "/spec/shareProcessNamespace", "value": True} in ops
 
 
+def test_preview_what_if_a_pod_security_level_is_in_force() -> None:
+    result = _run("preview", "-f", str(PODS / "flyte-1.15-bare.yaml"), "--pod-security", "restricted")
+    assert result.returncode == 0, result.stderr
+    answer = orjson.loads(result.stdout)
+    assert answer["patch"] == []
+    assert "copilot-webhook: SYS_PTRACE not added: Pod Security 'restricted' (what-if) forbids it" in answer["warnings"]
+    assert _run("preview", "-f", str(PODS / "flyte-1.15-bare.yaml"), "--pod-security", "strict").returncode == 2
+
+
 def test_preview_from_stdin_as_diff() -> None:
     result = _run("preview", "-f", "-", "-o", "diff", stdin=(PODS / "flyte-1.15-bare.yaml").read_bytes())
     assert result.returncode == 0

@@ -117,6 +117,20 @@ def test_runtime_query_is_reported() -> None:
     assert entry["runtime"]["source"] == "query"
 
 
+@pytest.mark.parametrize("body", [POD_YAML, orjson.dumps(review(yaml.safe_load(POD_YAML)))])
+def test_a_pod_security_what_if_leaves_out_what_that_level_forbids(body: bytes) -> None:
+    """The settings' default is privileged (a server that was not told); the what-if answers as admission
+    would in a namespace where baseline is in force, and names its source."""
+    assert _preview(body, query="?output=patch").json() != []
+    entry = _preview(body, query="?podSecurity=baseline").json()
+    assert entry["patch"] == []
+    assert entry["warnings"] == [
+        "copilot-webhook: SYS_PTRACE not added: Pod Security 'baseline' (what-if) forbids it",
+        "copilot-webhook: no image puller: Pod Security 'baseline' (what-if) forbids its hostPath socket volume",
+    ]
+    assert _preview(body, query="?podSecurity=privileged").json()["patch"] == _preview(body).json()["patch"]
+
+
 @pytest.mark.parametrize(
     ("body", "content_type", "query", "status", "message"),
     [
@@ -125,6 +139,7 @@ def test_runtime_query_is_reported() -> None:
         (POD_YAML, "application/yaml", "?node=Bad_Node", 400, "not a valid node name"),
         (POD_YAML, "application/yaml", "?namespace=a.b", 400, "not a valid namespace name"),
         (POD_YAML, "application/yaml", "?colour=blue", 400, "unknown query parameter(s) colour"),
+        (POD_YAML, "application/yaml", "?podSecurity=Baseline", 400, "podSecurity='Baseline' is not allowed"),
         (POD_YAML, "text/plain", "", 415, "Content-Type must be application/json or application/yaml"),
         (b"kind: Service\nmetadata: {name: s}\n", "application/yaml", "", 400, "kind 'Service' is neither a Pod"),
         (

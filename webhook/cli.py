@@ -14,7 +14,7 @@ from typing import Any, get_args
 
 import yaml
 
-from webhook.config import FLAVOURS, ConfigDocument, Settings, dump_settings, load_settings
+from webhook.config import FLAVOURS, LEVELS, ConfigDocument, Settings, dump_settings, load_settings
 from webhook.errors import ConfigError, RequestError
 from webhook.preview.render import Output, PreviewQuery, preview
 
@@ -79,6 +79,7 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("--runtime", choices=FLAVOURS)
     show.add_argument("--node")
     show.add_argument("--namespace")
+    show.add_argument("--pod-security", choices=LEVELS, help="what if this Pod Security level were in force")
     show.add_argument("--output", "-o", choices=get_args(Output.__value__), default="json")
     show.add_argument("--config", help="YAML configuration file")
 
@@ -135,7 +136,13 @@ def _preview(args: argparse.Namespace, settings: Settings) -> int:
         print(f"copilot-webhook: cannot read {args.filename}: {exc.strerror}", file=sys.stderr)
         return EXIT_FAILURE
     content_type = "application/json" if args.filename.endswith(".json") else "application/yaml"
-    options = {"runtime": args.runtime, "node": args.node, "namespace": args.namespace, "output": args.output}
+    options = {
+        "runtime": args.runtime,
+        "node": args.node,
+        "namespace": args.namespace,
+        "podSecurity": args.pod_security,
+        "output": args.output,
+    }
     try:
         query = PreviewQuery.of({k: v for k, v in options.items() if v})
         content, _ = preview(body, content_type, query, settings=settings)

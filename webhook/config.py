@@ -16,7 +16,7 @@ import re
 from collections.abc import Callable, Mapping
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal, Self, TypeAlias, TypeVar
+from typing import Any, Literal, Self, TypeAlias, TypeVar, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
@@ -308,6 +308,7 @@ class ClusterSettings(_Section):
 
 
 PodSecurityLevel = Literal["privileged", "baseline", "restricted"]
+LEVELS: tuple[str, ...] = get_args(PodSecurityLevel)
 
 
 class PodSecurityDefaults(_Section):

@@ -164,13 +164,14 @@ def request_facts(
     *,
     runtime: str | None = None,
     node: str | None = None,
+    pod_security: str | None = None,
 ) -> Facts:
     namespace = request.get("namespace")
     if type(namespace) is not str or not namespace:
         metadata = pod.get("metadata")
         namespace = metadata.get("namespace") if type(metadata) is dict else None
         namespace = namespace if type(namespace) is str else ""
-    return Facts(RequestFacts(namespace, runtime=runtime, node=node), namespaces(namespace))
+    return Facts(RequestFacts(namespace, runtime, node, pod_security), namespaces(namespace))
 
 
 def decide(
@@ -181,6 +182,7 @@ def decide(
     kinds: Collection[str] = KINDS,
     runtime: str | None = None,
     node: str | None = None,
+    pod_security: str | None = None,
 ) -> Plan | None:
     """The plan for a review's request; None when the request is not a Pod CREATE (nothing to do)."""
     if not is_pod_create(request):
@@ -188,7 +190,7 @@ def decide(
     pod = request.get("object")
     if type(pod) is not dict:
         raise RequestError(400, f"AdmissionReview.request.object must be a Pod object, got {type_name(pod)}")
-    facts = request_facts(request, pod, namespaces, runtime=runtime, node=node)
+    facts = request_facts(request, pod, namespaces, runtime=runtime, node=node, pod_security=pod_security)
     return plan_or_undecided(pod, facts, settings, kinds=kinds, where="AdmissionReview.request.object")
 
 

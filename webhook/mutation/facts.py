@@ -24,6 +24,7 @@ class RequestFacts(NamedTuple):
     namespace: str
     runtime: str | None = None  # a preview's what-if: this flavour, whatever the nodes say
     node: str | None = None  # a preview's what-if: the pod lands on this node
+    pod_security: str | None = None  # a preview's what-if: this Pod Security level is in force
 
 
 class NodeFacts(NamedTuple):

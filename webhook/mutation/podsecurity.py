@@ -15,11 +15,9 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from webhook.config import PodSecuritySettings
+from webhook.config import LEVELS, PodSecuritySettings
 from webhook.mutation.facts import PSA_ENFORCE_LABEL, Facts
 from webhook.mutation.pod import PodView
-
-LEVELS = ("privileged", "baseline", "restricted")
 
 
 class Level(NamedTuple):
@@ -36,6 +34,8 @@ class Level(NamedTuple):
 
 
 def level_in_force(view: PodView, facts: Facts, settings: PodSecuritySettings) -> Level:
+    if facts.request.pod_security is not None:
+        return Level(facts.request.pod_security, "what-if")
     exemptions = settings.exemptions
     if exemptions.namespaces and facts.request.namespace in exemptions.namespaces:
         return Level("privileged", "exempt namespace")

@@ -17,7 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from typing_extensions import TypeAliasType
 
-from webhook.config import FLAVOURS, Flavour, Settings
+from webhook.config import FLAVOURS, LEVELS, Flavour, PodSecurityLevel, Settings
 from webhook.documents import decode_text, load_json_document, load_yaml_documents
 from webhook.errors import DocumentError, RequestError
 from webhook.mutation.facts import Facts, RequestFacts
@@ -58,6 +58,9 @@ class PreviewQuery(BaseModel):
     runtime: Flavour | None = Field(None, description="What if the node ran this runtime")
     node: str | None = Field(None, pattern=DNS_SUBDOMAIN, description="What if the pod ran here")
     namespace: str | None = Field(None, pattern=DNS_LABEL, description="The namespace to assume")
+    podSecurity: PodSecurityLevel | None = Field(
+        None, description="What if this Pod Security level were in force (else the namespace's, as admission decides)"
+    )
 
     @classmethod
     def of(cls, params: Mapping[str, str]) -> PreviewQuery:
@@ -73,13 +76,13 @@ def query_error(errors: Sequence[Mapping[str, Any]]) -> str:
     parameter (in the model's order) whose value was refused."""
     unknown = sorted(str(e["loc"][-1]) for e in errors if e["type"] == "extra_forbidden")
     if unknown:
-        return f"unknown query parameter(s) {', '.join(unknown)}; known: runtime, node, namespace, output"
+        return f"unknown query parameter(s) {', '.join(unknown)}; known: runtime, node, namespace, podSecurity, output"
     refused = {str(e["loc"][-1]): e for e in errors}
     for name in PreviewQuery.model_fields:
         if name in refused:
             value = refused[name].get("input")
-            if name in ("output", "runtime"):
-                allowed = get_args(Output.__value__) if name == "output" else FLAVOURS
+            if name in ("output", "runtime", "podSecurity"):
+                allowed = {"output": get_args(Output.__value__), "runtime": FLAVOURS}.get(name) or LEVELS
                 return f"{name}={value!r} is not allowed; expected one of {', '.join(allowed)}"
             what = "node name (a DNS subdomain)" if name == "node" else "namespace name (a DNS label)"
             return f"{name}={value!r} is not a valid {what}"
@@ -212,7 +215,9 @@ def preview_one(
         return _entry(
             "AdmissionReview",
             pod if isinstance(pod, dict) else {},
-            decide(request, settings, namespaces, runtime=query.runtime, node=query.node),
+            decide(
+                request, settings, namespaces, runtime=query.runtime, node=query.node, pod_security=query.podSecurity
+            ),
             prefix="",
             settings=settings,
         )
@@ -232,7 +237,7 @@ def preview_one(
             f"({', '.join(TEMPLATE_PATHS)}), nor an AdmissionReview",
         )
     namespace = _namespace(obj, query)
-    facts = Facts(RequestFacts(namespace, runtime=query.runtime, node=query.node), namespaces(namespace))
+    facts = Facts(RequestFacts(namespace, query.runtime, query.node, query.podSecurity), namespaces(namespace))
     decided = plan_or_undecided(pod, facts, settings, kinds=KINDS, where=where)
     return _entry(kind, obj, decided, prefix=prefix, settings=settings)
 
