@@ -188,6 +188,8 @@ def test_a_body_that_kills_its_worker_twice_is_answered_422_not_run_a_third_time
         assert len(pool.started()) == before + 1, "one run again, on a fresh worker; no third"
         pool.check()
         _ok(pool.preview())
+    metrics = call(pool.app, "GET", "/metrics").text
+    assert 'copilot_webhook_requests_total{path="/preview",result="worker_died"} 5.0' in metrics
 
 
 @pytest.mark.parametrize("pool", [{"point": "parse", "timeout": 1}], indirect=True, ids=["timeout-1s"])

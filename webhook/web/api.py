@@ -87,7 +87,11 @@ def build() -> FastAPI:
             408: {"description": "The body did not arrive within server.deadlineSeconds"},
             413: {"description": "Over preview.maxBodyBytes"},
             415: {"description": "Not application/json or application/yaml"},
-            503: {"description": "preview.concurrency previews are running; retry after a second"},
+            422: {"description": "The document made the preview worker die twice; sending it again will do the same"},
+            503: {
+                "description": "preview.concurrency previews are running, the preview outlived preview.timeoutSeconds, "
+                "or its worker stopped for a cause not shown to be the document; retry after a second"
+            },
         },
         openapi_extra={
             "requestBody": {

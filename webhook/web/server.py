@@ -71,6 +71,7 @@ _RESULTS = {
     408: "timeout",
     413: "too_large",
     415: "unsupported_media_type",
+    422: "worker_died",
     503: "busy",
 }
 
