@@ -31,6 +31,9 @@ from tests.support import child_env
 
 CHART = Path(__file__).resolve().parent.parent / "deploy" / "helm" / "copilot-webhook"
 Obj = dict[str, Any]
+# The chart's podSecurity for a control plane started without PodSecurity defaults (the API server's own:
+# privileged wherever no namespace label says otherwise).
+PRIVILEGED_BY_DEFAULT: Obj = {"defaults": {"enforce": "privileged"}}
 
 
 class KubeError(Exception):

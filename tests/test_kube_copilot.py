@@ -43,7 +43,7 @@ import pytest
 
 from tests.controlplane import ControlPlane
 from tests.image_builds import ImageBuilder
-from tests.kube_support import ChartPods, Kube, KubeError, Obj, release, started, wait_for
+from tests.kube_support import PRIVILEGED_BY_DEFAULT, ChartPods, Kube, KubeError, Obj, release, started, wait_for
 from tests.node import Node
 from tests.node_fixtures import import_images, running_node
 from tests.support import load_yaml
@@ -286,7 +286,7 @@ def images(
 
 
 def _values(setting: str) -> Obj:
-    return {"ptrace": SETTINGS[setting], "imagePuller": {"enabled": False}}
+    return {"ptrace": SETTINGS[setting], "imagePuller": {"enabled": False}, "podSecurity": PRIVILEGED_BY_DEFAULT}
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,17 @@ import pytest
 
 from tests.controlplane import ControlPlane
 from tests.image_builds import ImageBuilder
-from tests.kube_support import ChartPods, Kube, KubeError, Obj, Release, release, started, wait_for
+from tests.kube_support import (
+    PRIVILEGED_BY_DEFAULT,
+    ChartPods,
+    Kube,
+    KubeError,
+    Obj,
+    Release,
+    release,
+    started,
+    wait_for,
+)
 from tests.node import Node, NodeRegistry, node_registry
 from tests.node_fixtures import import_images, running_node
 from tests.support import load_yaml
@@ -130,6 +140,7 @@ def _values(the_node: Node, images: Images, failure_policy: str) -> Obj:
             "failurePolicy": failure_policy,
         },
         "ptrace": {"mode": "drop"},
+        "podSecurity": PRIVILEGED_BY_DEFAULT,
     }
 
 
