@@ -23,6 +23,7 @@ from typing import Any
 
 import helm_python as helm
 import httpx
+import pytest
 import yaml
 
 from tests.controlplane import NS_ADDRESS, ControlPlane
@@ -351,6 +352,92 @@ def wait_for(check: Callable[[], bool], timeout: float = 30, interval: float = 0
             return True
         time.sleep(interval)
     return check()
+
+
+# --- pods: waiting for a state, and what they showed when it did not come ------------------------------
+
+EVENTS_SHOWN = 15  # the latest ones, in a failure's description
+
+
+def events(kube: Kube, namespace: str, name: str) -> list[Obj]:
+    """The events about an object, oldest first."""
+    items: list[Obj] = kube.get(f"/api/v1/namespaces/{namespace}/events", fieldSelector=f"involvedObject.name={name}")[
+        "items"
+    ]
+    items.sort(
+        key=lambda e: (e.get("lastTimestamp") or e.get("eventTime") or "", int(e["metadata"]["resourceVersion"]))
+    )
+    return items
+
+
+def _state(status: Obj) -> str:
+    parts = []
+    for key in ("state", "lastState"):
+        for phase, detail in (status.get(key) or {}).items():
+            fields = " ".join(f"{k}={detail[k]!r}" for k in ("reason", "exitCode", "message") if k in detail)
+            parts.append(f"{'last ' if key == 'lastState' else ''}{phase} {fields}".rstrip())
+    return f"{'; '.join(parts) or 'no state'}; restarts {status.get('restartCount', 0)}"
+
+
+def _why(obj: Obj) -> str:
+    return " ".join(str(obj[k]) for k in ("reason", "message") if obj.get(k))
+
+
+def describe_pod(kube: Kube, namespace: str, name: str, pod: Obj | None = None) -> str:
+    """What `kubectl describe` would show first: the pod's phase and conditions, each container's state
+    (init containers first), and its latest events, as the API server has them now (or `pod`, as last seen)."""
+    try:
+        pod = pod or kube.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
+    except KubeError as err:
+        return f"pod {namespace}/{name}: {err}"
+    status = pod.get("status", {})
+    lines = [f"pod {namespace}/{name}: phase {status.get('phase')} {_why(status)}"]
+    for condition in status.get("conditions") or []:
+        if condition.get("status") != "True":
+            lines.append(f"  {condition['type']}={condition['status']} {_why(condition)}")
+    for field_name, kind in (("initContainerStatuses", "init "), ("containerStatuses", "")):
+        for container in status.get(field_name) or []:
+            lines.append(f"  {kind}container {container['name']}: {_state(container)}")
+    seen = events(kube, namespace, name)
+    lines.append(f"  events ({min(len(seen), EVENTS_SHOWN)} latest of {len(seen)}):")
+    for event in seen[-EVENTS_SHOWN:]:
+        when = event.get("lastTimestamp") or event.get("eventTime") or ""
+        count = f" (x{event['count']})" if event.get("count", 1) > 1 else ""
+        lines.append(f"    {when} {event.get('type')} {event['reason']}{count}: {event.get('message', '')}")
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def wait_pod(
+    kube: Kube,
+    namespace: str,
+    name: str,
+    check: Callable[[Obj], bool],
+    what: str,
+    timeout: float = 120,
+    more: Callable[[], str] | None = None,
+) -> Obj:
+    """The pod, once `check` holds for it. Past `timeout` the test fails: the pod was not `what`, with its
+    last status and events (and `more`, e.g. the node's logs)."""
+    path = f"/api/v1/namespaces/{namespace}/pods/{name}"
+    deadline = time.monotonic() + timeout
+    while True:
+        pod = kube.get(path)
+        if check(pod):
+            return pod
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(0.5)
+    detail = describe_pod(kube, namespace, name, pod)
+    pytest.fail(f"not {what} within {timeout:.0f} s: {detail}" + (f"\n{more()}" if more else ""))
+
+
+def pods_left(kube: Kube, namespace: str, names: list[str], timeout: float = 60) -> str:
+    """Waits for deleted pods to be gone: "" once they are, else a description of each pod left."""
+    paths = {name: f"/api/v1/namespaces/{namespace}/pods/{name}" for name in names}
+    if wait_for(lambda: not any(kube.exists(p) for p in paths.values()), timeout=timeout, interval=0.5):
+        return ""
+    left = [describe_pod(kube, namespace, name) for name, path in paths.items() if kube.exists(path)]
+    return f"{len(left)} deleted pods still there after {timeout:.0f} s:\n" + "\n".join(left)
 
 
 def release(kube: Kube, name: str, workdir: Path, values: Obj | None = None) -> Release:

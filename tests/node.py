@@ -338,8 +338,16 @@ class Node:
     def images(self) -> list[str]:
         return self.ctr("images", "ls", "--quiet").stdout.split()
 
+    def references(self, reference: str) -> list[str]:
+        """The names containerd holds for `reference`'s repository: its tags and the digests CRI adds."""
+        repository = _repository(reference)
+        return [name for name in self.images() if _repository(name) == repository]
+
     def remove_image(self, reference: str) -> None:
-        self.ctr("images", "rm", reference, check=False)
+        """Every name of `reference`'s repository; the kubelet then finds the image absent."""
+        names = self.references(reference)
+        if names:
+            self.ctr("images", "rm", *names)
 
     def trust(self, host: str, server: str) -> None:
         """How containerd itself reaches a registry (hosts.toml): a plain-HTTP one on loopback."""
@@ -362,6 +370,13 @@ class Node:
     def containerd_log(self) -> str:
         (process,) = (p for p in self.processes if p.name == "containerd")
         return process.log.read_text(errors="replace")
+
+
+def _repository(reference: str) -> str:
+    """`host:port/path:tag` or `host:port/path@sha256:...` without its tag or digest."""
+    name = reference.partition("@")[0]
+    last = name.rpartition("/")[2]
+    return name.rpartition(":")[0] if ":" in last else name
 
 
 @dataclass
@@ -553,9 +568,11 @@ def node(
         _wait(lambda: _node_ready(plane, name), "kubelet", kubelet_process, 120)
         yield the_node
     finally:
-        _stop(processes, plane, work, cgroup, name)
+        problems = _stop(processes, plane, work, cgroup, name)
         if dns is not None:
             dns.close()
+    if problems:  # reached when the node's user raised nothing: an error of its own stays the one reported
+        raise RuntimeError("the node did not stop cleanly: " + "\n".join(problems))
 
 
 def _start_controllers(processes: list[Process], plane: ControlPlane, work: Path, binary: Path) -> None:
@@ -570,10 +587,11 @@ def _start_controllers(processes: list[Process], plane: ControlPlane, work: Path
     )  # fmt: skip
 
 
-def _drain(plane: ControlPlane, name: str, timeout: float = 90) -> None:
+def _drain(plane: ControlPlane, name: str, timeout: float = 90) -> str:
     """Every pod bound to the node deleted at once, and the kubelet left to stop them: it tears down their
-    sandboxes (network namespaces, bridge addresses, mounts) as it would on a real node."""
-    from tests.kube_support import Kube, KubeError
+    sandboxes (network namespaces, bridge addresses, mounts) as it would on a real node. "" once they are
+    gone, else what each pod left showed."""
+    from tests.kube_support import Kube, KubeError, describe_pod, wait_for
 
     kube = Kube(plane)
     try:
@@ -586,9 +604,11 @@ def _drain(plane: ControlPlane, name: str, timeout: float = 90) -> None:
                 kube.request(
                     "DELETE", f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}", {"gracePeriodSeconds": 1}
                 )
-        deadline = time.monotonic() + timeout
-        while kube.get("/api/v1/pods", **selector)["items"] and time.monotonic() < deadline:
-            time.sleep(0.5)
+        if wait_for(lambda: not kube.get("/api/v1/pods", **selector)["items"], timeout=timeout, interval=0.5):
+            return ""
+        left = kube.get("/api/v1/pods", **selector)["items"]
+        described = [describe_pod(kube, p["metadata"]["namespace"], p["metadata"]["name"], p) for p in left]
+        return f"the kubelet did not stop {len(left)} pods within {timeout:.0f} s:\n" + "\n".join(described)
     finally:
         kube.close()
 
@@ -607,19 +627,22 @@ def _forget(plane: ControlPlane, name: str) -> None:
         kube.close()
 
 
-def _stop(processes: list[Process], plane: ControlPlane, work: Path, cgroup: str, name: str) -> None:
+def _stop(processes: list[Process], plane: ControlPlane, work: Path, cgroup: str, name: str) -> list[str]:
     """The pods first (by the kubelet), the kubelet, then every container left (their shims outlive
-    containerd), then containerd."""
+    containerd), then containerd. The whole way, always; returns what did not stop when asked."""
+    problems = []
     kubelet = [p for p in processes if p.name == "kubelet"]
     if kubelet and kubelet[0].popen.poll() is None:
-        with contextlib.suppress(Exception):
-            _drain(plane, name)
+        try:
+            problems.append(_drain(plane, name))
+        except Exception as err:  # the rest of the teardown runs regardless
+            problems.append(f"draining the node: {err!r}")
     for process in [p for p in processes if p.name != "containerd"]:
         stop_process(process.popen)
     _forget(plane, name)
     containerd = [p for p in processes if p.name == "containerd"]
     if containerd and containerd[0].popen.poll() is None:
-        _remove_containers(work / "containerd" / "containerd.sock")
+        problems.append(_remove_containers(work / "containerd" / "containerd.sock"))
     for process in containerd:
         stop_process(process.popen)
     with contextlib.suppress(subprocess.CalledProcessError, OSError):
@@ -631,9 +654,11 @@ def _stop(processes: list[Process], plane: ControlPlane, work: Path, cgroup: str
         with contextlib.suppress(OSError):
             if link.is_symlink() and os.readlink(link).startswith(f"{work}/"):
                 link.unlink()
+    return [p for p in problems if p]
 
 
-def _remove_containers(socket_path: Path) -> None:
+def _remove_containers(socket_path: Path, timeout: float = 30) -> str:
+    """Every task killed and deleted, then every container: "" once no task is left, else the ones left."""
     base = ["ctr", "--address", str(socket_path), "--namespace", "k8s.io"]
 
     def run(*args: str) -> str:
@@ -642,10 +667,12 @@ def _remove_containers(socket_path: Path) -> None:
 
     for task in run("tasks", "ls", "--quiet").split():
         run("tasks", "kill", "--signal", "SIGKILL", task)
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + timeout
     while run("tasks", "ls", "--quiet").split() and time.monotonic() < deadline:
         for task in run("tasks", "ls", "--quiet").split():
             run("tasks", "delete", "--force", task)
         time.sleep(0.2)
+    left = run("tasks", "ls") if run("tasks", "ls", "--quiet").split() else ""
     for container in run("containers", "ls", "--quiet").split():
         run("containers", "delete", container)
+    return f"containerd tasks left after {timeout:.0f} s of kills:\n{left}" if left else ""

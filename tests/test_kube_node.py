@@ -34,9 +34,11 @@ from tests.kube_support import (
     KubeError,
     Obj,
     Release,
+    events,
+    pods_left,
     release,
     started,
-    wait_for,
+    wait_pod,
 )
 from tests.node import Node, NodeRegistry, node_registry
 from tests.node_fixtures import import_images, running_node
@@ -169,9 +171,7 @@ def _pod(kube: Kube, namespace: str, name: str) -> Obj:
 
 def _events(kube: Kube, namespace: str, name: str) -> list[tuple[str, str]]:
     """(reason, message) of the kubelet's events about the pod, oldest first."""
-    items = kube.get(f"/api/v1/namespaces/{namespace}/events", fieldSelector=f"involvedObject.name={name}")["items"]
-    items.sort(key=lambda e: (e.get("firstTimestamp") or e.get("eventTime") or "", e["metadata"]["resourceVersion"]))
-    return [(e["reason"], e["message"]) for e in items]
+    return [(e["reason"], e["message"]) for e in events(kube, namespace, name)]
 
 
 def _statuses(pod: Obj, field: str = "containerStatuses") -> dict[str, Obj]:
@@ -179,34 +179,23 @@ def _statuses(pod: Obj, field: str = "containerStatuses") -> dict[str, Obj]:
 
 
 def _wait_pod(
-    kube: Kube, the_node: Node, namespace: str, name: str, check: Callable[[Obj], bool], timeout: float = 120
+    kube: Kube, the_node: Node, namespace: str, name: str, check: Callable[[Obj], bool], what: str, timeout: float = 120
 ) -> Obj:
-    seen: list[Obj] = []
-
-    def done() -> bool:
-        seen[:] = [_pod(kube, namespace, name)]
-        return check(seen[0])
-
-    if not wait_for(done, timeout=timeout, interval=0.5):
-        events = _events(kube, namespace, name)
-        pytest.fail(
-            f"pod {namespace}/{name} did not get there in {timeout} s: {json.dumps(seen[0].get('status'), indent=1)}\n"
-            f"events: {events}\n{the_node.logs()}"
-        )
-    return seen[0]
+    return wait_pod(kube, namespace, name, check, what, timeout, more=the_node.logs)
 
 
 @contextlib.contextmanager
 def _created(kube: Kube, namespace: str, pod: Obj) -> Iterator[Obj]:
+    name = pod["metadata"]["name"]
     stored = kube.create_pod(namespace, pod)
     try:
         yield stored
     finally:
         with contextlib.suppress(KubeError):
-            kube.request(
-                "DELETE", f"/api/v1/namespaces/{namespace}/pods/{pod['metadata']['name']}", {"gracePeriodSeconds": 1}
-            )
-        wait_for(lambda: not kube.exists(f"/api/v1/namespaces/{namespace}/pods/{pod['metadata']['name']}"), timeout=60)
+            kube.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}", {"gracePeriodSeconds": 1})
+        left = pods_left(kube, namespace, [name])
+    if left:  # after a test that passed; a failing one keeps its own failure
+        pytest.fail(left)
 
 
 def _copilot_pod(the_node: Node, name: str, main: str, sidecar: str, secret: str | None = None) -> Obj:
@@ -255,12 +244,14 @@ def test_the_puller_init_container_pulls_through_the_nodes_containerd(
 ) -> None:
     for image in (registries.secret, registries.copilot):
         the_node.remove_image(image)
+        # Absent before the pod starts: the pulls the row counts below can only be this pod's.
+        assert the_node.references(image) == [], the_node.images()
     _pull_secret(kube_admin, PODS, "regcred", registries.private)
     pod = _copilot_pod(the_node, "pulled", registries.secret, registries.copilot, secret="regcred")
     with _created(kube_admin, PODS, pod) as stored:
         (puller,) = [c for c in stored["spec"]["initContainers"] if c["name"] == PULLER]
         assert puller["args"][-2:] == [registries.secret, registries.copilot], puller["args"]
-        running = _wait_pod(kube_admin, the_node, PODS, "pulled", _running)
+        running = _wait_pod(kube_admin, the_node, PODS, "pulled", _running, "running (every container)")
         (init,) = _statuses(running, "initContainerStatuses").values()
         assert init["state"]["terminated"]["exitCode"] == 0, init
         log = the_node.container_log(PODS, "pulled", PULLER)
@@ -290,7 +281,9 @@ def test_ignore_lets_the_pod_meet_its_own_err_image_pull(
             waiting = _statuses(p).get("main", {}).get("state", {}).get("waiting", {})
             return waiting.get("reason") in ("ErrImagePull", "ImagePullBackOff")
 
-        seen = _wait_pod(kube_admin, the_node, PODS, "ignored", err_image_pull)
+        seen = _wait_pod(
+            kube_admin, the_node, PODS, "ignored", err_image_pull, "main in ErrImagePull or ImagePullBackOff"
+        )
         (init,) = _statuses(seen, "initContainerStatuses").values()
         assert init["state"]["terminated"]["exitCode"] == 0, "Ignore: the puller finishes"
         log = the_node.container_log(PODS, "ignored", PULLER)
@@ -310,7 +303,7 @@ def test_fail_keeps_the_pod_in_init_naming_the_image_and_cause(
                 init = _statuses(p, "initContainerStatuses").get(PULLER, {})
                 return "terminated" in init.get("lastState", {}) or "terminated" in init.get("state", {})
 
-            seen = _wait_pod(kube_admin, the_node, PODS, "failed", failed_init)
+            seen = _wait_pod(kube_admin, the_node, PODS, "failed", failed_init, f"{PULLER} terminated")
             init = _statuses(seen, "initContainerStatuses")[PULLER]
             terminated = init.get("lastState", {}).get("terminated") or init["state"]["terminated"]
             assert terminated["exitCode"] != 0
@@ -402,6 +395,7 @@ def test_a_flyte_pod_runs_to_completion_under_baseline_with_drop(
             BASELINE_PODS,
             "flyte-baseline",
             lambda p: p["status"]["phase"] in ("Succeeded", "Failed"),
+            "Succeeded or Failed",
             timeout=180,
         )
         assert done["status"]["phase"] == "Succeeded", done["status"]
