@@ -13,7 +13,8 @@ uploader a native sidecar with the `signal` watcher); for 1.15.3 the hand-derive
 (tests/golden/flyte-src-1.15-io.yaml: the uploader a regular container with the `shared-process-ns`
 watcher, SYS_PTRACE on the primary, a shared process namespace). What is changed, and only that: the
 images are the locally built ones; the copilot's storage flags name the local store instead of S3, and
-the store's volume is mounted at /blob in the copilot's containers; the containers' resources are
+the store's volume is mounted at /blob in the copilot's containers; the copilot logs at info level (Flyte
+runs it at warn), so each outcome's own lines are there to be read; the containers' resources are
 removed (Flyte asks for 1.5 CPUs per pod, and the node has 2, so only one pod at a time would be
 admitted); the pod is bound to the node. The 1.15.3 pod also gets the task and the interfaces of the
 1.16.8 pod (a circle's area from its radius; the hand-derived pod's interfaces are placeholders, not
@@ -43,7 +44,17 @@ import pytest
 
 from tests.controlplane import ControlPlane
 from tests.image_builds import ImageBuilder
-from tests.kube_support import PRIVILEGED_BY_DEFAULT, ChartPods, Kube, KubeError, Obj, release, started, wait_for
+from tests.kube_support import (
+    PRIVILEGED_BY_DEFAULT,
+    ChartPods,
+    Kube,
+    KubeError,
+    Obj,
+    describe_pod,
+    pods_left,
+    release,
+    started,
+)
 from tests.node import Node
 from tests.node_fixtures import import_images, running_node
 from tests.support import load_yaml
@@ -188,18 +199,22 @@ class Images:
     task: str
 
 
+INFO = "--logger.level=4"  # flytestdlib's levels: 3 warn, 4 info
+
+
 def _local_storage(command: list[str]) -> list[str]:
-    """Flyte's storage flags with the S3 store swapped for the local one at /blob."""
+    """Flyte's storage flags with the S3 store swapped for the local one at /blob, and the log level info."""
     out = []
     for arg in command:
         if arg.startswith("region="):
             arg = "path=/blob"
         elif arg == "--storage.stow.kind=s3":
             arg = "--storage.stow.kind=local"
-        out.append(arg)
+        if not arg.startswith("--logger.level="):
+            out.append(arg)
     assert out.count("path=/blob") == 1, command
     assert "--storage.stow.kind=local" in out, command
-    return out
+    return [*out, INFO]
 
 
 def _containers(spec: Obj) -> list[Obj]:
@@ -344,42 +359,53 @@ def runs(kube_admin: Kube, the_node: Node, images: Images, webhook: ChartPods) -
         for case in CASES:
             with contextlib.suppress(KubeError):
                 kube_admin.request("DELETE", f"/api/v1/namespaces/{PODS}/pods/{case.pod}", {"gracePeriodSeconds": 1})
-        paths = [f"/api/v1/namespaces/{PODS}/pods/{c.pod}" for c in CASES]
-        wait_for(lambda: not any(kube_admin.exists(p) for p in paths), timeout=60)
+        left = pods_left(kube_admin, PODS, [c.pod for c in CASES])
+    if left:  # reached when following raised nothing: a failure of its own stays the one reported
+        pytest.fail(left)
+
+
+FOLLOW = 240.0  # how long the pods are followed, all at once
+
+
+def _not_done(kube: Kube, the_node: Node, case: Case, stored: dict[str, Obj]) -> str:
+    awaited = f"its task's container terminated {WAITS:.0f} s ago" if not case.uploads else "Succeeded or Failed"
+    return (
+        f"{case.pod}, awaited {awaited}:\n{describe_pod(kube, PODS, case.pod)}\n{_copilot_logs(the_node, case, stored)}"
+    )
 
 
 def _follow(
     kube: Kube, the_node: Node, stored: dict[str, Obj], stores: dict[str, Path], started: dict[str, float]
 ) -> dict[str, Run]:
+    """Each case's pod until it is done (see `runs`); past FOLLOW s, a failure with what every pod not done
+    showed: its status, its events and its copilot's logs."""
     by_id = {_id(c): c for c in CASES}
     done: dict[str, tuple[Obj, float]] = {}
     exited: dict[str, float] = {}
-    deadline = time.monotonic() + 240
-    while len(done) < len(CASES) and time.monotonic() < deadline:
+    deadline = time.monotonic() + FOLLOW
+    while len(done) < len(CASES):
+        if time.monotonic() >= deadline:
+            pending = [c for key, c in by_id.items() if key not in done]
+            described = [_not_done(kube, the_node, c, stored) for c in pending]
+            pytest.fail(f"{len(pending)} of {len(CASES)} pods not done within {FOLLOW:.0f} s:\n" + "\n".join(described))
         time.sleep(0.5)
         for key, case in by_id.items():
             if key in done:
                 continue
             pod = kube.get(f"/api/v1/namespaces/{PODS}/pods/{case.pod}")
             now = time.monotonic()
-            if case.uploads:
-                if pod["status"].get("phase") in ("Succeeded", "Failed"):
-                    done[key] = (pod, now - started[key])
-                continue
-            if _terminated(pod, _primary(pod)):
+            if pod["status"].get("phase") in ("Succeeded", "Failed"):
+                done[key] = (pod, now - started[key])
+            elif not case.uploads and _terminated(pod, _primary(pod)):
                 exited.setdefault(key, now)
-                if now - exited[key] >= WAITS or pod["status"].get("phase") in ("Succeeded", "Failed"):
+                if now - exited[key] >= WAITS:
                     done[key] = (pod, now - started[key])
     runs = {}
     for key, case in by_id.items():
-        pod, seconds = done.get(key) or (kube.get(f"/api/v1/namespaces/{PODS}/pods/{case.pod}"), -1.0)
+        pod, seconds = done[key]
         upload = next(c for c in _containers(stored[key]["spec"]) if c["name"] == UPLOADER)
         prefix = _store_path(stores[key], _arg(upload, "--to-output-prefix"))
-        logs = {
-            c["name"]: the_node.container_log(PODS, case.pod, c["name"])
-            for c in _containers(stored[key]["spec"])
-            if c["name"].startswith(COPILOT)
-        }
+        logs = _logs(the_node, case, stored)
         outputs, errors = prefix / "outputs.pb", prefix / "errors.pb"
         runs[key] = Run(
             stored[key],
@@ -392,9 +418,29 @@ def _follow(
     return runs
 
 
+def _logs(the_node: Node, case: Case, stored: dict[str, Obj]) -> dict[str, str]:
+    """The copilot's containers' logs, by container."""
+    spec = stored[_id(case)]["spec"]
+    return {
+        c["name"]: the_node.container_log(PODS, case.pod, c["name"])
+        for c in _containers(spec)
+        if c["name"].startswith(COPILOT)
+    }
+
+
+def _copilot_logs(the_node: Node, case: Case, stored: dict[str, Obj]) -> str:
+    return "\n".join(f"--- {name} ---\n{text[-3000:]}" for name, text in _logs(the_node, case, stored).items())
+
+
 def _explain(run: Run) -> str:
     logs = "\n".join(f"--- {name} ---\n{text[-3000:]}" for name, text in run.logs.items())
     return f"after {run.seconds:.0f} s: {run.final['status']}\nerrors.pb: {run.errors!r}\n{logs}"
+
+
+def _said(log: str, level: str, text: str) -> list[str]:
+    """The lines of a copilot's log at `level` that contain `text`."""
+    marker = re.compile(rf'level(=|":"){level}\b')
+    return [line for line in log.splitlines() if marker.search(line) and text in line]
 
 
 def _complaints(log: str) -> list[str]:
@@ -433,9 +479,14 @@ def test_the_uploader_sees_the_task_exit_and_uploads_its_outputs(case: Case, run
     assert run.errors is None, _explain(run)
     assert run.outputs is not None, _explain(run)
     assert floats(run.outputs) == {"area": pytest.approx(math.pi * RADIUS * RADIUS)}
-    # The copilot logs warnings and errors only (1.15: its default level, warn; 1.16: Flyte passes
-    # --logger.level=3, warn): none of either.
-    assert not _complaints(run.logs[UPLOADER]), _explain(run)
+    # The uploader's own account, at info: it saw the task exit and wrote the outputs where the pod told
+    # it to, with no warning or error on the way.
+    log = run.logs[UPLOADER]
+    (upload,) = [c for c in _containers(run.stored["spec"]) if c["name"] == UPLOADER]
+    assert _said(log, "info", "Container Exited! uploading data."), _explain(run)
+    assert _said(log, "info", f"Uploaded final outputs to [{_arg(upload, '--to-output-prefix')}"), _explain(run)
+    assert _said(log, "info", "Uploader completed successfully!"), _explain(run)
+    assert not _complaints(log), _explain(run)
     if case.flyte == "1.15":
         # The watcher saw the task start: had it missed it, it would have warned and waited out
         # --start-timeout (1m40s) first.
@@ -452,5 +503,7 @@ def test_a_1_16_uploader_in_the_legacy_shape_waits_for_a_signal_that_never_comes
     assert pod["status"]["phase"] == "Running", _explain(run)
     (uploader,) = [s for s in pod["status"]["containerStatuses"] if s["name"] == UPLOADER]
     assert "running" in uploader["state"], _explain(run)
+    assert _said(run.logs[UPLOADER], "info", "Waiting for Container to exit."), _explain(run)
+    assert not _said(run.logs[UPLOADER], "info", "Container Exited!"), _explain(run)
     assert run.outputs is None
     assert run.errors is None
