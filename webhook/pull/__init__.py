@@ -84,30 +84,30 @@ class Puller:
         except InvalidReference as exc:
             return outcome("failed", str(exc))
         client = self.clients[self.route.get(reference.registry, "default")]
-        text = str(reference)
+        credentials: list[Credential | None] = [*self.keyring.lookup(reference), None]  # matches, anonymous
         try:
-            if client.present(text, self._remaining()):
-                return outcome("present")
-            credentials: list[Credential | None] = [*self.keyring.lookup(reference), None]  # matches, anonymous
-            return outcome(*self._retried(client, text, credentials, attempts=attempts))
+            return outcome(*self._retried(client, str(reference), credentials, attempts=attempts))
         except Cancelled:  # SIGTERM, or the deadline cancelled the calls in flight
             return outcome("cancelled") if self.stopping.is_set() else outcome("failed", "timed out")
-        except PullError as exc:
-            return outcome("failed", exc.message)
 
     def _retried(
         self, client: Client, text: str, credentials: list[Credential | None], *, attempts: list[int]
     ) -> tuple[str, str]:
-        """Pull, retrying transient failures with back-off: (result, error); `attempts` counts the tries."""
+        """Ask whether the node has the image and pull it if not, retrying transient failures of either with
+        back-off, up to `retries` tries: (result, error); `attempts` counts the pulls tried."""
+        tries = 0
         while True:
-            attempts[0] += 1
+            tries += 1
             try:
+                if client.present(text, max(self._remaining(), 0.001)):
+                    return "present", ""
+                attempts[0] += 1
                 self._pull(client, text, credentials)
                 return "pulled", ""
             except PullError as exc:
-                if exc.permanent or attempts[0] >= self.retries or self._remaining() <= 0:
+                if exc.permanent or tries >= self.retries or self._remaining() <= 0:
                     return "failed", exc.message
-            pause = min(self.backoff * 2 ** (attempts[0] - 1), max(self._remaining(), 0))
+            pause = min(self.backoff * 2 ** (tries - 1), max(self._remaining(), 0))
             if self.stopping.wait(pause):
                 return "cancelled", ""
 
