@@ -342,6 +342,22 @@ def test_the_values_table_is_generated_from_values_yaml() -> None:
     assert values_table.current() == values_table.table(), "run: python -m scripts.values_table"
 
 
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ("# -- Described.\na: 1\nb: 2\n", "for b"),
+        ("# -- Described.\na: 1\n# --\nb: 2\n", "for b"),
+        ("image:\n  # -- Described.\n  repository: x\n  tag: ''\n", "for image.tag"),
+        # a description above a mapping listed key by key would be shown nowhere
+        ("# -- Lost.\nimage:\n  # -- Described.\n  tag: ''\n", "above image,"),
+    ],
+)
+def test_the_values_table_refuses_a_value_without_a_description(text: str, named: str) -> None:
+    with pytest.raises(values_table.UndescribedValueError, match=re.escape(named)):
+        values_table.table(text)
+    assert "| `a` | `1` | Described. |" in values_table.table("# -- Described.\na: 1\n")
+
+
 def test_a_single_replica_gets_no_disruption_budget_and_two_get_one_that_lets_unhealthy_pods_go() -> None:
     assert "PodDisruptionBudget/cw-copilot-webhook" not in render({"replicaCount": 1})
     pdb = render({"replicaCount": 2})["PodDisruptionBudget/cw-copilot-webhook"]
