@@ -21,7 +21,7 @@ import pytest
 from certs.authority import generate_files
 from tests.controlplane import HOST_ADDRESS
 from tests.kube_support import ChartPods, Kube, Obj, mwc_path, release, started
-from tests.test_kube_install import EXAMPLE, pod, ptrace_holders
+from tests.test_kube_install import EXAMPLE, PRIVILEGED, pod, ptrace_holders
 
 # The golden pods and the pods Flyte's own code prints (tests/flyte/pods/).
 GOLDEN_PODS = sorted((Path(__file__).parent / "golden" / "pods").glob("*.yaml")) + sorted(
@@ -36,7 +36,7 @@ PULLER = "copilot-webhook-image-puller"
 @pytest.fixture(scope="module")
 def server(kube_admin: Kube, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChartPods]:
     kube_admin.create_namespace(PLAIN, {"copilot-webhook.io/inject": "disabled"})
-    kube_admin.create_namespace(WEBHOOKED)
+    kube_admin.create_namespace(WEBHOOKED, PRIVILEGED)
     work = tmp_path_factory.mktemp("admission")
     yield from started(release(kube_admin, NAMESPACE, work), work / "pods")
 
@@ -139,7 +139,7 @@ def _late_webhook(kube: Kube, tmp: Path) -> Iterator[None]:
 def test_reinvoked_after_a_later_webhook_the_pod_is_still_right(
     kube_admin: Kube, server: ChartPods, tmp_path: Path
 ) -> None:
-    kube_admin.create_namespace("reinvoked", {"late-sidecar": "yes"})
+    kube_admin.create_namespace("reinvoked", {"late-sidecar": "yes", **PRIVILEGED})
     with _late_webhook(kube_admin, tmp_path):
         stored = kube_admin.create_pod("reinvoked", pod(EXAMPLE, "reinvoked"))
     assert [c["name"] for c in stored["spec"]["containers"]] == ["bq2m4-n1-0", "flyte-copilot-uploader", "late-sidecar"]

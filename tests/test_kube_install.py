@@ -22,6 +22,9 @@ DECLARED = {"webhook": {"ptrace": {"failurePolicy": "Fail"}}}
 EXAMPLE = Path(__file__).parent.parent / "examples" / "flyte-1.15-pod.yaml"
 GOLDEN_PODS = Path(__file__).parent / "golden" / "pods"
 BASELINE = {"pod-security.kubernetes.io/enforce": "baseline"}
+# The chart assumes baseline where a namespace has no label; the test API server enforces no default, and a
+# namespace labelled privileged says so, as an operator's label would.
+PRIVILEGED = {"pod-security.kubernetes.io/enforce": "privileged"}
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +97,7 @@ def test_the_server_writes_its_secret_and_bundle_and_promotes_the_declared_polic
 
 
 def test_a_copilot_pod_is_mutated_by_the_real_admission_chain(running: ChartPods, kube_admin: Kube) -> None:
-    kube_admin.create_namespace("flyte-a")
+    kube_admin.create_namespace("flyte-a", PRIVILEGED)
     stored = kube_admin.create_pod("flyte-a", pod(EXAMPLE, "example"))
     assert stored["metadata"]["annotations"]["copilot-webhook.io/mutated"].startswith("ptrace=add:primary")
     assert ptrace_holders(stored) == ["bq2m4-n1-0"]
@@ -109,7 +112,7 @@ def test_add_in_a_baseline_namespace_grants_nothing_and_says_why(running: ChartP
     assert answer.status_code == 201, answer.text
     assert ptrace_holders(answer.json()) == []
     warning = answer.headers.get("warning", "")
-    assert "copilot-webhook: SYS_PTRACE not added: the namespace enforces Pod Security 'baseline'" in warning
+    assert "copilot-webhook: SYS_PTRACE not added: Pod Security 'baseline' (namespace label) forbids it" in warning
     refused = kube_admin.http.post(
         "/api/v1/namespaces/add-baseline/pods", json=pod(GOLDEN_PODS / "flyte-1.15.yaml", "as-flyte")
     )
@@ -133,6 +136,6 @@ def test_a_restarted_replica_keeps_the_ca(running: ChartPods, kube_admin: Kube, 
     before = release.bundles()
     running.run("replica-b")
     assert release.bundles() == before
-    kube_admin.create_namespace("flyte-b")
+    kube_admin.create_namespace("flyte-b", PRIVILEGED)
     stored = kube_admin.create_pod("flyte-b", pod(EXAMPLE, "after-restart"))
     assert "copilot-webhook.io/mutated" in stored["metadata"]["annotations"]

@@ -15,7 +15,7 @@ from kubernetes import client
 
 from tests.controlplane import ControlPlane
 from tests.kube_support import ChartPods, Kube, Obj, release, started, wait_for
-from tests.test_kube_install import pod
+from tests.test_kube_install import PRIVILEGED, pod
 from webhook.cluster.access import api_client
 from webhook.cluster.nodes import NodeCache
 from webhook.config import ClusterSettings
@@ -66,7 +66,7 @@ def add_node(kube: Kube, name: str, runtime: str, annotations: dict[str, str] | 
 def server(kube_admin: Kube, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChartPods]:
     for name, (runtime, node_annotations) in NODES.items():
         add_node(kube_admin, name, runtime, node_annotations)
-    kube_admin.create_namespace(POD_NAMESPACE)
+    kube_admin.create_namespace(POD_NAMESPACE, PRIVILEGED)
     work = tmp_path_factory.mktemp("nodes")
     yield from started(release(kube_admin, NAMESPACE, work, {"imagePuller": {"heterogeneous": "pin"}}), work / "pods")
     for name in NODES:

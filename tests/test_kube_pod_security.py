@@ -17,14 +17,13 @@ import pytest
 
 from tests.controlplane import ControlPlane
 from tests.kube_support import ChartPods, Kube, KubeError, Obj, release, started
-from tests.test_kube_install import pod, ptrace_holders
+from tests.test_kube_install import PRIVILEGED, pod, ptrace_holders
 from tests.test_kube_nodes import add_node
 
 FLYTE_115 = Path(__file__).parent / "golden" / "pods" / "flyte-1.15.yaml"
 NAMESPACE = "cwpsa"
 NODE = "psa-containerd"
 EXEMPT = "psa-exempt"
-PRIVILEGED = {"pod-security.kubernetes.io/enforce": "privileged"}
 BASELINE = {"pod-security.kubernetes.io/enforce": "baseline"}
 PULLER = "copilot-webhook-image-puller"
 SOCKET_VOLUME = "copilot-webhook-runtime-socket"

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.kube_support import ChartPods, Kube, Release, wait_for
-from tests.test_kube_install import EXAMPLE, pod
+from tests.test_kube_install import EXAMPLE, PRIVILEGED, pod
 
 ROOT = Path(__file__).resolve().parent.parent
 STARTS = {
@@ -50,7 +50,7 @@ def upgraded(request: pytest.FixtureRequest, kube_admin: Kube, tmp_path: Path) -
     old_pods.run("old")
     try:
         assert wait_for(lambda: release.bundles() != {""}), old_pods.output()
-        kube_admin.create_namespace(f"{name}-pods")
+        kube_admin.create_namespace(f"{name}-pods", PRIVILEGED)
         before = kube_admin.create_pod(f"{name}-pods", pod(EXAMPLE, "before-upgrade"))
         assert "copilot-webhook.io/mutated" in before["metadata"]["annotations"]
     finally:
