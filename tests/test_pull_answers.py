@@ -115,6 +115,15 @@ _stream_line_not_json = _stream(
 _stream_empty = _stream("stream_empty")
 
 
+def _stream_negative_chunk(request: str, connection: socket.socket) -> None:
+    """A chunk size of -1, then data without end (http.client reads such a chunk to the stream's end)."""
+    if not _image_absent(request, connection):
+        connection.sendall(OK_CHUNKED + b"-1\r\n")
+        piece = b"x" * 65536
+        while True:
+            connection.sendall(piece)
+
+
 def _counted(answer: Answer) -> tuple[Answer, list[str]]:
     """The answer, and the request lines it was asked (the method and the path)."""
     requests: list[str] = []
@@ -184,6 +193,7 @@ def test_an_inspect_answer_not_read_whole_or_not_an_image_is_no_image(
         (_stream_line_not_json, "image pull is not JSON: <html>Bad Gateway</html>"),
         (_stream_empty, "the Docker Engine answer to image pull ended without a status"),
         (_one_endless_line, f"image pull has a line past {BODY_LIMIT} bytes"),
+        (_stream_negative_chunk, "image pull has a malformed chunk size after 0 bytes"),
     ],
 )
 def test_a_pull_stream_not_read_to_its_end_or_ending_in_an_error_is_no_pull(
@@ -213,6 +223,7 @@ def test_a_pull_stream_not_read_to_its_end_or_ending_in_an_error_is_no_pull(
     [
         (_inspect_endless, f"image inspect runs past {INSPECT_LIMIT} bytes"),
         (_one_endless_line, f"image pull has a line past {BODY_LIMIT} bytes"),
+        (_stream_negative_chunk, "image pull has a malformed chunk size after 0 bytes"),
     ],
 )
 def test_an_endless_answer_is_read_no_further_than_its_cap(tmp_path: Path, answer: Answer, says: str) -> None:
