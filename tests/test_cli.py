@@ -9,9 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 import yaml
 
-from tests.support import PODS, child_env
+from tests.support import GOLDEN, PODS, child_env
 
 ENV = child_env()
 
@@ -104,3 +105,33 @@ def test_preview_of_a_bad_file_exits_1_with_the_reason(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert "kind 'Service' is neither a Pod" in result.stderr
     assert "cannot read" in _run("preview", "-f", str(tmp_path / "none.yaml")).stderr
+
+
+DORP_WARNING = "Warning: copilot-webhook: copilot-webhook.io/ptrace='dorp' ignored: expected add, drop or keep\n"
+
+
+def _dorp(tmp_path: Path) -> Path:
+    pod = yaml.safe_load((PODS / "flyte-1.15-bare.yaml").read_text())
+    pod["metadata"]["annotations"] = {"copilot-webhook.io/ptrace": "dorp"}
+    path = tmp_path / "dorp.yaml"
+    path.write_text(yaml.safe_dump(pod))
+    return path
+
+
+@pytest.mark.parametrize("output", ["json", "yaml", "patch", "diff"])
+def test_preview_warnings_are_warning_lines_on_stderr_in_every_output(tmp_path: Path, output: str) -> None:
+    result = _run("preview", "-f", str(_dorp(tmp_path)), "-o", output)
+    assert DORP_WARNING in result.stderr
+    assert "Warning:" not in result.stdout
+    assert "Warning:" not in _run("preview", "-f", str(PODS / "flyte-1.15-bare.yaml"), "-o", output).stderr
+
+
+@pytest.mark.parametrize("output", ["json", "yaml", "patch", "diff"])
+def test_preview_says_on_stderr_when_a_pod_would_be_refused(tmp_path: Path, output: str) -> None:
+    config = tmp_path / "fail.yaml"
+    config.write_text("failurePolicy: Fail\n")
+    result = _run("preview", "-f", str(GOLDEN / "primary-missing-fail.yaml"), "--config", str(config), "-o", output)
+    assert (
+        "copilot-webhook: Pod/no-primary would be refused: copilot-webhook cannot decide (failurePolicy Fail): "
+        "primary_container_name 'does-not-exist' names no regular container\n"
+    ) in result.stderr

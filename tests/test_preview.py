@@ -11,8 +11,9 @@ import pytest
 import yaml
 
 from tests.asgi import call
-from tests.support import PODS, apply, review, validate
+from tests.support import GOLDEN, PODS, apply, review, validate
 from webhook.config import build_settings
+from webhook.web.api import warning_header
 from webhook.web.server import WebhookApp
 
 APP = WebhookApp(build_settings({}))
@@ -27,7 +28,7 @@ def test_pod_yaml_preview_has_patch_object_changes_and_reasons() -> None:
     res = _preview(POD_YAML)
     assert res.status_code == 200
     entry = res.json()
-    assert set(entry) == {"kind", "name", "allowed", "patch", "object", "changes", "warnings", "runtime"}
+    assert set(entry) == {"kind", "name", "allowed", "patch", "object", "changes", "notApplied", "warnings", "runtime"}
     assert (entry["kind"], entry["name"], entry["allowed"]) == ("Pod", "bq2m4-n1-0", True)
     original = yaml.safe_load(POD_YAML)
     assert apply(original, entry["patch"]) == entry["object"]
@@ -103,12 +104,85 @@ def test_output_formats() -> None:
     assert "+  shareProcessNamespace: true\n" in diff
 
 
-def test_namespace_query_is_used_and_shadow_previews_show_changes_without_patch() -> None:
+def test_namespace_query_is_used_and_shadow_previews_list_what_they_would_apply_apart() -> None:
     app = WebhookApp(build_settings({"mode": "shadow"}))
     entry = call(app, "POST", "/preview?namespace=team-a", POD_YAML, content_type="text/yaml").json()
-    assert entry["patch"] == []
-    assert entry["changes"]
+    assert entry["patch"] == entry["changes"] == []
+    assert {"op": "add", "path": "/spec/shareProcessNamespace"} in [
+        {"op": c["op"], "path": c["path"]} for c in entry["notApplied"]
+    ]
     assert entry["object"] == yaml.safe_load(POD_YAML)
+    assert entry["warnings"] == ["copilot-webhook: shadow mode: 5 patch operation(s) computed but not applied"]
+
+
+DORP = yaml.safe_load(POD_YAML)
+DORP["metadata"]["annotations"] = {"copilot-webhook.io/ptrace": "dorp"}
+DORP_WARNING = "copilot-webhook: copilot-webhook.io/ptrace='dorp' ignored: expected add, drop or keep"
+REFUSED = (GOLDEN / "primary-missing-fail.yaml").read_bytes()
+REFUSAL = (
+    "Pod/no-primary would be refused: copilot-webhook cannot decide (failurePolicy Fail): primary_container_name "
+    "'does-not-exist' names no regular container"
+)
+
+
+@pytest.mark.parametrize("output", ["json", "yaml", "patch", "diff"])
+def test_warnings_and_refusals_are_warning_headers_in_every_output(output: str) -> None:
+    warned = _preview(orjson.dumps(DORP), "application/json", f"?output={output}")
+    assert warned.status_code == 200
+    assert warned.headers.get_list("warning") == [f'299 - "{DORP_WARNING}"']
+    assert _preview(POD_YAML, query=f"?output={output}").headers.get_list("warning") == []
+    app = WebhookApp(build_settings({"failurePolicy": "Fail"}))
+    refused = call(app, "POST", f"/preview?output={output}", REFUSED, content_type="application/yaml")
+    assert refused.status_code == 200
+    assert refused.headers.get_list("warning") == [f'299 - "{REFUSAL}"']
+
+
+def test_warnings_of_several_objects_name_their_object() -> None:
+    body = POD_YAML + b"---\n" + yaml.safe_dump(DORP).encode() + b"---\n" + REFUSED
+    app = WebhookApp(build_settings({"failurePolicy": "Fail"}))
+    answer = call(app, "POST", "/preview?output=diff", body, content_type="application/yaml")
+    assert answer.headers.get_list("warning") == [f'299 - "{REFUSAL}"', f'299 - "Pod/bq2m4-n1-0: {DORP_WARNING}"']
+
+
+def test_warning_headers_are_quoted_as_the_api_server_quotes_them() -> None:
+    """Quotes and backslashes escaped, UTF-8 (a warning cut at 120 characters ends with an ellipsis), no
+    control character."""
+    odd = yaml.safe_load(POD_YAML)
+    odd["metadata"]["annotations"] = {"copilot-webhook.io/ptrace": 'say "hi" \\'}
+    headers = _preview(orjson.dumps(odd), "application/json").headers.get_list("warning")
+    assert headers == [
+        '299 - "copilot-webhook: copilot-webhook.io/ptrace=\'say \\"hi\\" \\\\\\\\\' ignored: '
+        'expected add, drop or keep"'
+    ]
+    odd["metadata"]["annotations"] = {"primary_container_name": "é" * 200}
+    (header,) = _preview(orjson.dumps(odd), "application/json").headers.get_list("warning")
+    assert header.startswith("299 - \"copilot-webhook: left unchanged, cannot decide: primary_container_name 'ééé")
+    assert header.endswith('é…"')
+    assert warning_header("a\nb\tc\x7f") == b'299 - "a b c "'
+
+
+def test_warning_headers_stop_at_4_kib_of_text_and_say_how_many_were_left_out() -> None:
+    items = [{**DORP, "metadata": {**DORP["metadata"], "name": f"p{i:02}"}} for i in range(100)]
+    answer = _preview(orjson.dumps({"apiVersion": "v1", "kind": "List", "items": items}), "application/json")
+    *kept, last = answer.headers.get_list("warning")
+    assert kept[0] == f'299 - "Pod/p00: {DORP_WARNING}"'
+    assert 4096 - len(kept[0]) < sum(len(h) - len('299 - ""') for h in kept) <= 4096
+    assert last == f'299 - "copilot-webhook: {100 - len(kept)} more warning(s) left out; output=json has them all"'
+    assert all(entry["warnings"] == [DORP_WARNING] for entry in answer.json())
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [{}, {"mode": "shadow"}, {"failurePolicy": "Fail"}, {"ptrace": {"mode": "drop"}}, {"failurePolicy": "Ignore"}],
+)
+@pytest.mark.parametrize("body", [POD_YAML, REFUSED, yaml.safe_dump(DORP).encode()])
+def test_the_json_answers_patch_and_changes_name_the_same_operations(settings: dict[str, Any], body: bytes) -> None:
+    entry = call(WebhookApp(build_settings(settings)), "POST", "/preview", body, content_type="application/yaml").json()
+    assert [(op["op"], op["path"]) for op in entry["patch"]] == [(c["op"], c["path"]) for c in entry["changes"]]
+    assert not (entry["changes"] and entry["notApplied"])
+    if not entry["allowed"]:
+        assert entry["patch"] == []
+        assert entry["notApplied"], "a refused object's operations are listed apart"
 
 
 def test_runtime_query_is_reported() -> None:

@@ -16,7 +16,7 @@ import yaml
 
 from webhook.config import FLAVOURS, LEVELS, ConfigDocument, Settings, dump_settings, load_settings
 from webhook.errors import ConfigError, RequestError
-from webhook.preview.render import Output, PreviewQuery, preview
+from webhook.preview.render import Notes, Output, PreviewQuery, preview
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 EXIT_CHANGES = 3  # audit: some running pods would change (kubectl diff's convention, moved off 1)
@@ -150,7 +150,17 @@ def _preview(args: argparse.Namespace, settings: Settings) -> int:
         print(f"copilot-webhook: {args.filename}: {exc.message}", file=sys.stderr)
         return EXIT_FAILURE
     sys.stdout.buffer.write(content if content.endswith(b"\n") or not content else content + b"\n")
+    sys.stdout.flush()
+    _say(content.notes)
     return EXIT_OK
+
+
+def _say(notes: Notes) -> None:
+    """A preview's notes on stderr, as kubectl writes an answer's warnings."""
+    for refusal in notes.refusals:
+        print(f"copilot-webhook: {refusal}", file=sys.stderr)
+    for warning in notes.warnings:
+        print(f"Warning: {warning}", file=sys.stderr)
 
 
 def _label_nodes(args: argparse.Namespace, settings: Settings) -> int:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 import io
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, Literal, TypedDict, get_args
+from typing import Any, Literal, NamedTuple, TypedDict, get_args
 
 import jsonpatch
 import orjson
@@ -144,8 +144,12 @@ def _namespace(obj: JSONObject, query: PreviewQuery) -> str:
 
 def _entry(kind: str, obj: JSONObject, decided: Plan | None, *, prefix: str, settings: Settings) -> PreviewEntry:
     verdict = decision(decided, settings)
-    changes = [] if decided is None else decided.changes
-    patch: list[Operation] = [{**c.op, "path": prefix + c.op["path"]} for c in changes] if verdict.patch else []
+    planned = [] if decided is None else decided.changes
+    reasons: list[ChangeAnswer] = [
+        {"op": c.op["op"], "path": prefix + c.op["path"], "reason": c.reason} for c in planned
+    ]
+    applied = bool(verdict.patch)  # all of the plan's operations, or none (shadow mode, refused)
+    patch: list[Operation] = [{**c.op, "path": prefix + c.op["path"]} for c in planned] if applied else []
     # A JSON value copies through orjson in 19 us (a Flyte pod), through deepcopy in 270; unpatched, the
     # object is only read from here on, so it needs no copy.
     mutated = jsonpatch.apply_patch(orjson.loads(orjson.dumps(obj)), patch, in_place=True) if patch else obj
@@ -155,10 +159,13 @@ def _entry(kind: str, obj: JSONObject, decided: Plan | None, *, prefix: str, set
         "allowed": verdict.allowed,
         "patch": patch,
         "object": mutated,
-        "changes": [{"op": c.op["op"], "path": prefix + c.op["path"], "reason": c.reason} for c in changes],
+        "changes": reasons if applied else [],
+        "notApplied": [] if applied else reasons,
         "warnings": verdict.warnings + ([verdict.denial] if verdict.denial is not None else []),
         "runtime": _runtime(decided),
         "_before": obj,
+        "_warnings": verdict.warnings,
+        "_refusal": verdict.denial,
     }
 
 
@@ -177,17 +184,21 @@ class ChangeAnswer(TypedDict):
 
 
 class PreviewEntry(TypedDict):
-    """One object's preview (the JSON answer; `_before` is kept for the diff output, never sent)."""
+    """One object's preview: the JSON answer's keys, and the `_` keys that are never sent (what the diff
+    output and the notes beside every output read)."""
 
     kind: str
     name: str
     allowed: bool
     patch: list[Operation]
     object: JSONObject  # the object as it would be admitted: any JSON object
-    changes: list[ChangeAnswer]
-    warnings: list[str]
+    changes: list[ChangeAnswer]  # one per operation of `patch`, in its order
+    notApplied: list[ChangeAnswer]  # computed but not in `patch`: shadow mode, or the object refused
+    warnings: list[str]  # the admission response's warnings, then the refusal's message
     runtime: RuntimeAnswer
     _before: JSONObject
+    _warnings: list[str]  # the admission response's warnings alone
+    _refusal: str | None  # why admission would refuse the object (failurePolicy Fail and undecidable)
 
 
 def _runtime(decided: Plan | None) -> RuntimeAnswer:
@@ -329,6 +340,40 @@ def render(entries: list[PreviewEntry], output: str, as_list: bool) -> tuple[byt
     return orjson.dumps(public if as_list else public[0], option=orjson.OPT_INDENT_2), "application/json"
 
 
+def _label(entry: PreviewEntry) -> str:
+    return f"{entry['kind']}/{entry['name']}" if entry["name"] else entry["kind"]
+
+
+class Notes(NamedTuple):
+    """What a preview says beside its body, whatever the output: the command line writes it to stderr,
+    POST /preview into headers. A warning names its object only when the answer holds several (one object's
+    read as the API server sends them); a refusal always does. Each line once, in the objects' order."""
+
+    warnings: tuple[str, ...]
+    refusals: tuple[str, ...]
+    changed: bool  # some object's patch has operations
+
+
+def notes_of(entries: Sequence[PreviewEntry], as_list: bool) -> Notes:
+    warnings = [f"{_label(e)}: {w}" if as_list else w for e in entries for w in e["_warnings"]]
+    refusals = [f"{_label(e)} would be refused: {e['_refusal']}" for e in entries if e["_refusal"] is not None]
+    changed = any(e["patch"] for e in entries)
+    return Notes(tuple(dict.fromkeys(warnings)), tuple(dict.fromkeys(refusals)), changed)
+
+
+class Answer(bytes):
+    """A preview's body, and its notes. A bytes, so that it goes wherever a body goes (the worker's pipe
+    pickles it, notes included)."""
+
+    notes: Notes
+
+    @classmethod
+    def of(cls, content: bytes, notes: Notes) -> Answer:
+        answer = cls(content)
+        answer.notes = notes
+        return answer
+
+
 def preview(
     body: bytes,
     content_type: str,
@@ -336,9 +381,11 @@ def preview(
     *,
     settings: Settings,
     namespaces: NamespaceFacts = no_cluster,
-) -> tuple[bytes, str]:
+) -> tuple[Answer, str]:
+    """The answer's body with its notes, and its content type."""
     docs = load_documents(body, content_type)
     objects = list(_objects(docs))
     entries = [preview_one(where, obj, settings, query=query, namespaces=namespaces) for where, obj in objects]
     as_list = len(docs) > 1 or len(objects) != 1 or any(_is_list(d) for d in docs)
-    return render(entries, query.output, as_list)
+    content, media_type = render(entries, query.output, as_list)
+    return Answer.of(content, notes_of(entries, as_list)), media_type

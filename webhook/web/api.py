@@ -12,6 +12,7 @@ gate admitted through a dependency. Errors keep the API's `{"error": "..."}` for
 
 from __future__ import annotations
 
+import re
 from typing import Annotated
 
 from fastapi import Depends, FastAPI, Query, Request
@@ -24,16 +25,43 @@ from starlette.exceptions import HTTPException
 from webhook import __version__
 from webhook.errors import RequestError
 from webhook.objects import JSONObject
-from webhook.preview.render import PreviewQuery, query_error
+from webhook.preview.render import Answer, Notes, PreviewQuery, query_error
 from webhook.web.middleware import Admitted, admitted, error_response
 
 PATHS = ("/preview", "/openapi.json", "/docs", "/docs/oauth2-redirect")
 STATIC = "/static-offline-docs/"
 
 PREVIEW_ANSWER = (
-    "JSON (per object: patch, object, changes with reasons, warnings, runtime), YAML, a JSON Patch or a "
-    "unified diff, per `output`"
+    "JSON (per object: patch, object, changes with reasons, notApplied, warnings, runtime), YAML, a JSON Patch "
+    'or a unified diff, per `output`; in every form a `Warning: 299 - "..."` header per warning and per refusal'
 )
+
+
+WARNING_BUDGET = 4096  # characters of warning text in one answer's headers, as kube-apiserver bounds them
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def warning_header(text: str) -> bytes:
+    """RFC 7234's `299 - "text"`, as kube-apiserver writes it: UTF-8, `"` and `\\` escaped; a control
+    character (which no header may hold) becomes a space."""
+    quoted = _CONTROL.sub(" ", text).replace("\\", "\\\\").replace('"', '\\"')
+    return f'299 - "{quoted}"'.encode()
+
+
+def warning_headers(notes: Notes) -> list[tuple[bytes, bytes]]:
+    """A Warning header per refusal, then per warning, up to WARNING_BUDGET characters of text; one more
+    says how many were left out (the JSON answer has them all)."""
+    texts = list(notes.refusals) + list(notes.warnings)
+    kept: list[str] = []
+    used = 0
+    for text in texts:
+        if used + len(text) > WARNING_BUDGET:
+            break
+        kept.append(text)
+        used += len(text)
+    if len(kept) < len(texts):
+        kept.append(f"copilot-webhook: {len(texts) - len(kept)} more warning(s) left out; output=json has them all")
+    return [(b"warning", warning_header(text)) for text in kept]
 
 
 def _invalid(request: Request, exc: Exception) -> JSONResponse:
@@ -107,7 +135,10 @@ def build() -> FastAPI:
         query: Annotated[PreviewQuery, Query()], entry: Annotated[Admitted, Depends(admitted)]
     ) -> Response:
         content, content_type = await entry.run(query)
-        return Response(content, media_type=content_type)
+        response = Response(content, media_type=content_type)
+        if isinstance(content, Answer):
+            response.raw_headers.extend(warning_headers(content.notes))
+        return response
 
     def openapi() -> JSONObject:
         if app.openapi_schema is None:
