@@ -17,7 +17,7 @@ ROOT = Path(__file__).parent.parent
 VALUES = ROOT / "deploy" / "helm" / "copilot-webhook" / "values.yaml"
 README = ROOT / "docs" / "operations.md"
 MARK = "<!-- values table -->"
-LEAF_MAPPINGS = ("requests", "limits", "labels", "resources")  # shown whole, not key by key
+LEAF_MAPPINGS = ("requests", "limits", "labels", "resources", "podSecurityContext")  # shown whole, not key by key
 
 
 class UndescribedValueError(ValueError):

@@ -17,6 +17,7 @@ import orjson
 import pytest
 import yaml
 
+from certs.authority import service_dns_names
 from scripts import values_table
 from webhook.config import Settings, build_settings, dump_settings
 from webhook.web.metrics import Metrics
@@ -32,16 +33,24 @@ def _chart() -> helm.Chart:
     return helm.Chart.load(CHART)
 
 
-def render(values: dict[str, Any] | None = None, kube_version: str = "1.33.0") -> dict[str, dict[str, Any]]:
-    """The rendered objects by "Kind/name", as Helm renders them for a cluster of `kube_version` (the
-    Python binding does not expose the engine's kube_version option; its C entry point takes it)."""
+def _manifests(values: dict[str, Any] | None, kube_version: str, name: str) -> dict[str, str]:
+    """Template path -> rendered text, as Helm renders the chart for a cluster of `kube_version` (the Python
+    binding does not expose the engine's kube_version option; its C entry point takes it)."""
     from helm_python import _native
 
-    options = {"name": "cw", "namespace": "flyte", "is_install": True, "kube_version": f"v{kube_version}"}
+    options = {"name": name, "namespace": "flyte", "is_install": True, "kube_version": f"v{kube_version}"}
     raw = _native.call_string(
         "helm_render", _chart()._raw(), orjson.dumps(values or {}).decode(), orjson.dumps(options).decode()
     )
     manifests: dict[str, str] = orjson.loads(raw)
+    return manifests
+
+
+def render(
+    values: dict[str, Any] | None = None, kube_version: str = "1.33.0", name: str = "cw"
+) -> dict[str, dict[str, Any]]:
+    """The rendered objects by "Kind/name", for release `name` in namespace flyte."""
+    manifests = _manifests(values, kube_version, name)
     objects = {}
     for path, text in manifests.items():
         if path.endswith("NOTES.txt"):
@@ -76,6 +85,39 @@ VARIANTS: dict[str, dict[str, Any]] = {
     },
     "no-metrics-port": {"server": {"metricsPort": 0}},
     "drop-guaranteed": {"ptrace": {"mode": "drop"}, "webhook": {"ptrace": {"validatingPolicy": True}}},
+    "standard-knobs": {
+        "affinity": {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {"matchExpressions": [{"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]}]}
+                    ]
+                }
+            },
+            "podAntiAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": [
+                    {
+                        "topologyKey": "kubernetes.io/hostname",
+                        "labelSelector": {"matchLabels": {"app.kubernetes.io/instance": "cw"}},
+                    }
+                ]
+            },
+        },
+        "topologySpreadConstraints": [
+            {"topologyKey": "topology.kubernetes.io/zone", "maxSkew": 2, "whenUnsatisfiable": "DoNotSchedule"},
+            {"topologyKey": "example.com/rack", "maxSkew": 1, "whenUnsatisfiable": "ScheduleAnyway"},
+        ],
+        "podLabels": {"team": "platform"},
+        "podAnnotations": {"example.com/owner": "platform"},
+        "extraEnv": [
+            {"name": "HTTPS_PROXY", "value": "http://proxy.example.com:3128"},
+            {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        ],
+        "extraVolumes": [{"name": "trust", "configMap": {"name": "corporate-ca"}}],
+        "extraVolumeMounts": [{"name": "trust", "mountPath": "/etc/ssl/corporate", "readOnly": True}],
+        "revisionHistoryLimit": 2,
+        "podSecurityContext": {"runAsUser": None, "runAsGroup": None, "fsGroup": None},
+    },
     "secret": {
         "tls": {
             "mode": "secret",
@@ -312,6 +354,26 @@ def test_tls_modes() -> None:
         # The prefix is written into CEL: only what can start a container name passes.
         ({"copilot": {"namePrefix": "x') || true || ('"}}, "/copilot/namePrefix"),
         ({"copilot": {"namePrefix": "Flyte-"}}, "/copilot/namePrefix"),
+        # The standard knobs: none may take over what the chart sets, or weaken the restricted defaults.
+        ({"podLabels": {"app.kubernetes.io/instance": "x"}}, "invalid propertyName 'app.kubernetes.io/instance'"),
+        ({"podLabels": {"copilot-webhook.io/webhook-release": "x"}}, "'copilot-webhook.io/webhook-release'"),
+        ({"podAnnotations": {"checksum/config": "x"}}, "invalid propertyName 'checksum/config'"),
+        ({"extraEnv": [{"name": "POD_IP", "value": "10.0.0.1"}]}, "at '/extraEnv/0/name': 'not' failed"),
+        ({"extraEnv": [{"name": "COPILOT_WEBHOOK_SERVER__PORT", "value": "1"}]}, "at '/extraEnv/0/name'"),
+        ({"extraEnv": [{"value": "x"}]}, "missing property 'name'"),
+        ({"extraVolumes": [{"name": "tls", "emptyDir": {}}]}, "at '/extraVolumes/0/name'"),
+        ({"extraVolumeMounts": [{"name": "x", "mountPath": "/tls/extra"}]}, "at '/extraVolumeMounts/0/mountPath'"),
+        ({"extraVolumeMounts": [{"name": "x", "mountPath": "/etc/copilot-webhook"}]}, "/extraVolumeMounts/0/mountPath"),
+        ({"podSecurityContext": {"runAsUser": 0}}, "at '/podSecurityContext/runAsUser': minimum"),
+        ({"podSecurityContext": {"runAsNonRoot": False}}, "additional properties 'runAsNonRoot' not allowed"),
+        ({"podSecurityContext": {"privileged": True}}, "additional properties 'privileged' not allowed"),
+        ({"affinity": {"nodeAfinity": {}}}, "additional properties 'nodeAfinity' not allowed"),
+        ({"topologySpreadConstraints": [{"topologyKey": "a", "maxSkew": 1}]}, "missing property 'whenUnsatisfiable'"),
+        ({"nameOverride": "Copilot"}, "/nameOverride"),
+        ({"nameOverride": "a" * 53}, "at '/nameOverride': maxLength"),
+        ({"fullnameOverride": "1-webhook"}, "/fullnameOverride"),
+        ({"fullnameOverride": "a" * 64}, "at '/fullnameOverride': maxLength"),
+        ({"revisionHistoryLimit": -1}, "/revisionHistoryLimit"),
     ],
 )
 def test_bad_values_fail_through_the_schema(values: dict[str, Any], message: str) -> None:
@@ -331,7 +393,7 @@ def test_secret_mode_needs_a_secret_and_its_ca(tls: dict[str, str], message: str
         render({"tls": tls})
 
 
-@pytest.mark.parametrize("variant", ["defaults", "cert-manager", "puller-all-pinned"])
+@pytest.mark.parametrize("variant", ["defaults", "cert-manager", "puller-all-pinned", "standard-knobs"])
 def test_lint_has_no_errors(variant: str) -> None:
     report = helm.lint(CHART, VARIANTS[variant], strict=False, namespace="flyte")
     errors = [m for m in report["messages"] if m["severity"] >= 3] + report["errors"]
@@ -667,3 +729,163 @@ def test_the_configuration_reference_is_generated_from_the_settings_model() -> N
     from scripts import config_reference
 
     assert config_reference.current() == config_reference.table(), "run: python -m scripts.config_reference"
+
+
+def _pod_labels(objects: dict[str, dict[str, Any]], name: str = "cw-copilot-webhook") -> dict[str, str]:
+    labels: dict[str, str] = objects[f"Deployment/{name}"]["spec"]["template"]["metadata"]["labels"]
+    return labels
+
+
+def test_standard_knobs_reach_the_pods_and_keep_the_chart_s_own() -> None:
+    values = VARIANTS["standard-knobs"]
+    objects = render(values)
+    deployment = objects["Deployment/cw-copilot-webhook"]
+    assert deployment["spec"]["revisionHistoryLimit"] == 2
+    assert render()["Deployment/cw-copilot-webhook"]["spec"]["revisionHistoryLimit"] == 5
+    pod = deployment["spec"]["template"]["spec"]
+    labels = _pod_labels(objects)
+    assert labels["team"] == "platform"
+    assert _selects({"matchLabels": objects["Service/cw-copilot-webhook"]["spec"]["selector"]}, labels)
+    annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["example.com/owner"] == "platform"
+    assert "checksum/config" in annotations
+    assert pod["affinity"] == values["affinity"]
+    webhook, certs = pod["containers"][0], pod["initContainers"][0]
+    for container in (webhook, certs):
+        env = {e["name"]: e for e in container["env"]}
+        assert env["HTTPS_PROXY"]["value"] == "http://proxy.example.com:3128"
+        assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert [e["name"] for e in webhook["env"]][:2] == ["POD_NAMESPACE", "POD_IP"]
+    assert {"name": "trust", "configMap": {"name": "corporate-ca"}} in pod["volumes"]
+    assert {"name": "trust", "mountPath": "/etc/ssl/corporate", "readOnly": True} in webhook["volumeMounts"]
+    assert {v["name"] for v in pod["volumes"]} == {"config", "tls", "trust"}
+    # null leaves the user and groups to the platform; non-root and RuntimeDefault stay
+    assert pod["securityContext"] == {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+    for container in pod["containers"] + pod["initContainers"]:
+        assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+        assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    # the hook pods run where the webhook's pods may (nodeAffinity), as the same user
+    node_affinity = {"nodeAffinity": values["affinity"]["nodeAffinity"]}
+    for hook in (
+        objects["Job/cw-copilot-webhook-unregister"]["spec"]["template"]["spec"],
+        objects["Pod/cw-copilot-webhook-verify"]["spec"],
+    ):
+        assert hook["affinity"] == node_affinity
+        assert hook["securityContext"] == pod["securityContext"]
+    defaults = _pod()
+    assert "affinity" not in defaults
+    assert defaults["securityContext"] == {
+        "runAsNonRoot": True,
+        "runAsUser": 65532,
+        "runAsGroup": 65532,
+        "fsGroup": 65532,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    assert [e["name"] for e in defaults["containers"][0]["env"]] == ["POD_NAMESPACE", "POD_IP"]
+    assert "env" not in defaults["initContainers"][0]
+
+
+def test_topology_spread_constraints_replace_the_chart_s_on_their_key_and_add_the_others() -> None:
+    objects = render(VARIANTS["standard-knobs"])
+    labels = _pod_labels(objects)
+    constraints = {c["topologyKey"]: c for c in _pod(VARIANTS["standard-knobs"])["topologySpreadConstraints"]}
+    assert list(constraints) == ["kubernetes.io/hostname", "topology.kubernetes.io/zone", "example.com/rack"]
+    assert constraints["kubernetes.io/hostname"]["whenUnsatisfiable"] == "ScheduleAnyway", "the chart's, kept"
+    assert (
+        constraints["topology.kubernetes.io/zone"]["maxSkew"],
+        constraints["topology.kubernetes.io/zone"]["whenUnsatisfiable"],
+    ) == (2, "DoNotSchedule")
+    for constraint in constraints.values():
+        assert _selects(constraint["labelSelector"], labels), "a constraint without a selector counts our pods"
+    own = {"matchLabels": {"tier": "admission"}}
+    values = {
+        "topologySpreadConstraints": [
+            {**VARIANTS["standard-knobs"]["topologySpreadConstraints"][1], "labelSelector": own}
+        ]
+    }
+    assert _pod(values)["topologySpreadConstraints"][2]["labelSelector"] == own
+    assert len(_pod(values)["topologySpreadConstraints"]) == 3
+
+
+@pytest.mark.parametrize(
+    ("values", "name", "fullname"),
+    [
+        ({}, "cw", "cw-copilot-webhook"),
+        ({"nameOverride": "ptrace-hook"}, "cw", "cw-ptrace-hook"),
+        ({"nameOverride": "cw"}, "cw", "cw"),
+        ({"fullnameOverride": "admission"}, "cw", "admission"),
+        ({"fullnameOverride": "admission", "tls": {"mode": "cert-manager"}}, "cw", "admission"),
+        ({"nameOverride": "ptrace-hook", "networkPolicy": {"enabled": True}}, "cw", "cw-ptrace-hook"),
+        ({}, "r" * 60, "r" * 60 + "-copilot-webhook"[:3]),
+    ],
+)
+def test_every_name_follows_the_overrides_and_they_still_agree(
+    values: dict[str, Any], name: str, fullname: str
+) -> None:
+    """The Service, the webhook configuration that calls it, the names in its certificate, what the server is
+    told (--service, --webhook-config, --certs-secret) and every object referring to another by name."""
+    objects = render(values, name=name)
+    fullname = fullname.rstrip("-")
+    for key in objects:
+        kind, object_name = key.split("/", 1)
+        # a Job's name is at most 63 characters: the fullname is cut to leave room for its suffix
+        assert object_name.startswith(fullname[:52] if kind == "Job" else fullname), key
+    service = objects[f"Service/{fullname}"]
+    config = objects[f"MutatingWebhookConfiguration/{fullname}"]
+    deployment = objects[f"Deployment/{fullname}"]
+    pod = deployment["spec"]["template"]["spec"]
+    labels = _pod_labels(objects, fullname)
+    assert _selects({"matchLabels": service["spec"]["selector"]}, labels)
+    assert _selects(deployment["spec"]["selector"], labels)
+    expected_name = values.get("nameOverride", "copilot-webhook")
+    assert deployment["metadata"]["labels"]["app.kubernetes.io/name"] == expected_name
+    for hook in config["webhooks"]:
+        assert hook["clientConfig"]["service"]["name"] == fullname
+        assert hook["clientConfig"]["service"]["namespace"] == "flyte"
+        assert hook["objectSelector"]["matchExpressions"][0]["values"] == [labels["copilot-webhook.io/webhook-release"]]
+    args = pod["containers"][0]["args"]
+    assert f"--service={fullname}" in args
+    assert f"--webhook-config={fullname}" in args
+    secret = f"{fullname}-tls"
+    if values.get("tls", {}).get("mode") == "cert-manager":
+        certificate = objects[f"Certificate/{fullname}"]["spec"]
+        assert f"{fullname}.flyte.svc" in certificate["dnsNames"]
+        assert certificate["secretName"] == secret
+        injected = config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"]
+        assert f"Certificate/{injected.split('/')[1]}" in objects
+        for kind in ("Certificate", "Issuer"):
+            for key, obj in objects.items():
+                if key.startswith(kind + "/") and "issuerRef" in obj["spec"]:
+                    assert f"Issuer/{obj['spec']['issuerRef']['name']}" in objects
+    else:
+        certs = pod["initContainers"][0]["args"]
+        given = {a.split("=", 1)[0]: a.split("=", 1)[1] for a in certs if "=" in a}
+        assert (given["--service"], given["--namespace"], given["--webhook-config"]) == (fullname, "flyte", fullname)
+        # the names the server's certificate carries are those the API server dials
+        assert f"{fullname}.flyte.svc" in service_dns_names(given["--service"], given["--namespace"])
+        assert given["--secret"] == secret
+        assert f"--certs-secret={secret}" in args
+        assert objects[f"Role/{fullname}"]["rules"][0]["resourceNames"] == [secret]
+        assert f"Secret/{secret}" in objects
+    volume = next(v for v in pod["volumes"] if v["name"] == "config")
+    assert f"ConfigMap/{volume['configMap']['name']}" in objects
+    assert objects[f"ClusterRole/{fullname}"]["rules"][2]["resourceNames"] == [fullname]
+    for binding in ("ClusterRoleBinding", "RoleBinding"):
+        if f"{binding}/{fullname}" in objects:
+            bound = objects[f"{binding}/{fullname}"]
+            assert f"{bound['roleRef']['kind']}/{bound['roleRef']['name']}" in objects
+            assert bound["subjects"][0]["name"] == pod["serviceAccountName"]
+    assert f"ServiceAccount/{pod['serviceAccountName']}" in objects
+    job = next(obj for key, obj in objects.items() if key.startswith("Job/"))
+    assert len(job["metadata"]["name"]) <= 63, "the Job controller puts a Job's name in a label"
+    verify = objects[f"Pod/{fullname}-verify"]
+    for hook_pod in (job["spec"]["template"]["spec"], verify["spec"]):
+        assert hook_pod["serviceAccountName"] == pod["serviceAccountName"]
+        assert f"--webhook-config={fullname}" in hook_pod["containers"][0]["args"]
+    if f"NetworkPolicy/{fullname}" in objects:
+        assert _selects(objects[f"NetworkPolicy/{fullname}"]["spec"]["podSelector"], labels)
+        hooks = objects[f"NetworkPolicy/{fullname}-hooks"]["spec"]["podSelector"]
+        assert _selects(hooks, verify["metadata"]["labels"])
+    for obj in objects.values():
+        if obj["kind"] not in CRDS:
+            kubernetes_validate.validate(obj, "1.33.0", strict=True)

@@ -1,13 +1,27 @@
+{{/* The name in app.kubernetes.io/name: nameOverride, else the chart's. */}}
+{{- define "cw.name" -}}
+{{- .Values.nameOverride | default .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* The name of every object the chart renders (with a suffix where there are several of a kind): the Service,
+     the webhook configuration, the TLS Secret, the certificate's DNS names and the server's --service and
+     --webhook-config all derive from it, so they agree whatever the overrides. fullnameOverride, else
+     <release>-<name>, or the release name alone when it already holds the name. */}}
 {{- define "cw.fullname" -}}
-{{- if contains .Chart.Name .Release.Name -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := include "cw.name" . -}}
+{{- if contains $name .Release.Name -}}
 {{- .Release.Name | trunc 63 | trimSuffix "-" -}}
 {{- else -}}
-{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 
 {{- define "cw.labels" -}}
-app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/name: {{ include "cw.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
@@ -15,8 +29,47 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 
 {{- define "cw.selector" -}}
-app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/name: {{ include "cw.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{/* A Job's name: at most 63 characters (the Job controller puts it in a label of its pods), so the
+     fullname is cut to leave room for the suffix. Takes (dict "context" $ "suffix" "unregister"). */}}
+{{- define "cw.jobName" -}}
+{{- printf "%s-%s" (include "cw.fullname" .context | trunc (int (sub 62 (len .suffix))) | trimSuffix "-") .suffix -}}
+{{- end -}}
+
+{{/* The pod security context of every pod the chart runs: non-root with RuntimeDefault seccomp always
+     (Pod Security "restricted"); the user and groups from podSecurityContext, whose schema admits only
+     those. */}}
+{{- define "cw.podSecurityContext" -}}
+{{- toYaml (merge (dict "runAsNonRoot" true "seccompProfile" (dict "type" "RuntimeDefault")) (deepCopy .Values.podSecurityContext)) -}}
+{{- end -}}
+
+{{/* The webhook pods' spread: the chart's soft spread over nodes and zones, where a constraint of
+     topologySpreadConstraints on the same topologyKey replaces the chart's; the user's constraints follow.
+     One without a labelSelector selects the webhook's own pods. */}}
+{{- define "cw.topologySpreadConstraints" -}}
+{{- $selector := dict "matchLabels" (include "cw.selector" . | fromYaml) -}}
+{{- $own := list -}}
+{{- range .Values.topologySpreadConstraints -}}
+{{- $own = append $own .topologyKey -}}
+{{- end -}}
+{{- $constraints := list -}}
+{{- range list "kubernetes.io/hostname" "topology.kubernetes.io/zone" -}}
+{{- if not (has . $own) -}}
+{{- $constraints = append $constraints (dict "maxSkew" 1 "topologyKey" . "whenUnsatisfiable" "ScheduleAnyway") -}}
+{{- end -}}
+{{- end -}}
+{{- range .Values.topologySpreadConstraints -}}
+{{- $constraints = append $constraints (deepCopy .) -}}
+{{- end -}}
+{{- range $constraints -}}
+{{- if not .labelSelector -}}
+{{- $_ := set . "labelSelector" $selector -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml $constraints -}}
 {{- end -}}
 
 {{/* Labels of a hook's pod (helm test's verify, uninstall's unregister): the release's, never the webhook's
@@ -24,7 +77,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
      the webhook's NetworkPolicy does not hold it (the hooks' own policy does). Takes (dict "context" $
      "component" "test"). Like the server's own pods, they are never sent to the webhook (its objectSelector). */}}
 {{- define "cw.hookPodLabels" -}}
-app.kubernetes.io/name: {{ printf "%s-%s" .context.Chart.Name .component }}
+app.kubernetes.io/name: {{ printf "%s-%s" (include "cw.name" .context) .component }}
 app.kubernetes.io/instance: {{ .context.Release.Name }}
 app.kubernetes.io/component: {{ .component }}
 copilot-webhook.io/webhook-release: {{ include "cw.fullname" .context }}
