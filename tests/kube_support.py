@@ -35,6 +35,9 @@ Obj = dict[str, Any]
 # The chart's podSecurity for a control plane started without PodSecurity defaults (the API server's own:
 # privileged wherever no namespace label says otherwise).
 PRIVILEGED_BY_DEFAULT: Obj = {"defaults": {"enforce": "privileged"}}
+# The real-node tests' failure policies, unless a test is about Ignore: a review the webhook could not
+# answer, or could not decide, refuses the pod instead of admitting it unchanged.
+FAIL: Obj = {"failurePolicy": "Fail", "webhook": {"failurePolicy": "Fail"}}
 
 
 class KubeError(Exception):
@@ -180,6 +183,15 @@ class Release:
 
     def policies(self) -> dict[str, str]:
         return {w["name"]: w["failurePolicy"] for w in self.kube.get(mwc_path(self.fullname))["webhooks"]}
+
+    def wait_policies(self, policy: str, timeout: float = 60) -> None:
+        """Every webhook's failurePolicy is `policy`: the chart renders Ignore until there is a caBundle, and the
+        server patches the declared ones in once its listener verifies against it. Past `timeout`, a failure
+        with the policies stored."""
+        if not wait_for(lambda: set(self.policies().values()) == {policy}, timeout=timeout, interval=0.5):
+            pytest.fail(
+                f"{self.fullname}: the webhooks' failurePolicy not {policy} in {timeout:.0f} s: {self.policies()}"
+            )
 
 
 @dataclass
@@ -448,11 +460,14 @@ def release(kube: Kube, name: str, workdir: Path, values: Obj | None = None) -> 
     return installed
 
 
-def started(release: Release, workdir: Path) -> Iterator[ChartPods]:
-    """A module's running replica of `release`; its webhooks removed when the module is done."""
+def started(release: Release, workdir: Path, policy: str | None = None) -> Iterator[ChartPods]:
+    """A module's running replica of `release`, once its webhooks' failurePolicy is `policy` (when given);
+    its webhooks removed when the module is done."""
     pods = ChartPods(release, workdir)
     pods.run("replica")
     try:
+        if policy is not None:
+            release.wait_policies(policy)
         yield pods
     finally:
         pods.stop()

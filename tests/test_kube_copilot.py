@@ -21,9 +21,11 @@ admitted); the pod is bound to the node. The 1.15.3 pod also gets the task and t
 protobufs). The release's image puller is off: the images are on the node already, and the puller has
 tests of its own (tests/test_kube_node.py).
 
-The pods of each setting are created once the release runs in it (one replica answers at a time), and
-then all of them run at once; the tests read what each pod did: its phase, the outputs in the store, the
-copilot's log, and which containers of the stored pod hold SYS_PTRACE.
+The pods of each setting are created once the release runs in it (one replica answers at a time, its
+webhooks failing closed), one by one, and then all of them run at once; the tests read what the webhook
+decided for each pod (its decision counters before and after the pod's creation, as a user reads them from
+/metrics) and what each pod did: its phase, the outputs in the store, the copilot's log, and which
+containers of the stored pod hold SYS_PTRACE.
 """
 
 from __future__ import annotations
@@ -35,16 +37,19 @@ import shutil
 import struct
 import subprocess
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.controlplane import ControlPlane
 from tests.image_builds import ImageBuilder
 from tests.kube_support import (
+    FAIL,
     PRIVILEGED_BY_DEFAULT,
     ChartPods,
     Kube,
@@ -89,6 +94,7 @@ class Case:
     flyte: str  # 1.15 or 1.16
     setting: str  # a key of SETTINGS
     holders: tuple[str, ...]  # the containers holding SYS_PTRACE in the stored pod ("primary": the task's)
+    decided: str  # what the webhook's decision counters say of the pod's review (see `_decisions`)
     uploads: bool = True
     legacy: bool = False  # a 1.16 pod with the uploader as a regular container (the 1.15 shape)
     uid: int | None = None  # the task's runAsUser
@@ -100,16 +106,16 @@ class Case:
 
 CASES = (
     # Flyte 1.15.3's own pod: the webhook's default leaves it as Flyte made it.
-    Case("flyte-115", "1.15", "add", ("primary",)),
-    Case("flyte-115", "1.15", "sidecar", (UPLOADER,)),
-    Case("flyte-115", "1.15", "drop", ()),
-    Case("flyte-115-uid", "1.15", "sidecar", (UPLOADER,), uid=1000),
-    Case("flyte-115-uid", "1.15", "drop", (), uid=1000),
+    Case("flyte-115", "1.15", "add", ("primary",), "skipped: already-compliant"),
+    Case("flyte-115", "1.15", "sidecar", (UPLOADER,), "mutated: add"),
+    Case("flyte-115", "1.15", "drop", (), "mutated: drop"),
+    Case("flyte-115-uid", "1.15", "sidecar", (UPLOADER,), "mutated: add", uid=1000),
+    Case("flyte-115-uid", "1.15", "drop", (), "mutated: drop", uid=1000),
     # 1.16.8 asks for no capability, and no setting grants one to a pod without a legacy watcher.
-    Case("flyte-116", "1.16", "add", ()),
-    Case("flyte-116", "1.16", "sidecar", ()),
-    Case("flyte-116", "1.16", "drop", ()),
-    Case("flyte-116-legacy", "1.16", "drop", (), uploads=False, legacy=True),
+    Case("flyte-116", "1.16", "add", (), "skipped: native-sidecar"),
+    Case("flyte-116", "1.16", "sidecar", (), "skipped: native-sidecar"),
+    Case("flyte-116", "1.16", "drop", (), "skipped: already-compliant"),
+    Case("flyte-116-legacy", "1.16", "drop", (), "skipped: already-compliant", uploads=False, legacy=True),
 )
 
 
@@ -301,7 +307,12 @@ def images(
 
 
 def _values(setting: str) -> Obj:
-    return {"ptrace": SETTINGS[setting], "imagePuller": {"enabled": False}, "podSecurity": PRIVILEGED_BY_DEFAULT}
+    return {
+        "ptrace": SETTINGS[setting],
+        "imagePuller": {"enabled": False},
+        "podSecurity": PRIVILEGED_BY_DEFAULT,
+        **FAIL,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -309,7 +320,7 @@ def webhook(kube_admin: Kube, the_node: Node, tmp_path_factory: pytest.TempPathF
     """The release, in the first setting; `runs` upgrades it to each of the others in turn."""
     kube_admin.create_namespace(PODS)
     work = tmp_path_factory.mktemp("copilot-webhook")
-    yield from started(release(kube_admin, NAMESPACE, work, _values(next(iter(SETTINGS)))), work / "pods")
+    yield from started(release(kube_admin, NAMESPACE, work, _values(next(iter(SETTINGS)))), work / "pods", "Fail")
 
 
 @dataclass
@@ -320,6 +331,23 @@ class Run:
     outputs: bytes | None
     errors: bytes | None
     logs: dict[str, str]  # the copilot's containers'
+    decided: dict[str, int]  # how the pod's review moved the webhook's decision counters
+
+
+def _decisions(webhook: ChartPods) -> Counter[str]:
+    """The webhook's SYS_PTRACE decisions so far, from its metrics as Prometheus reads them: "mutated: <reason>"
+    (copilot_webhook_mutations_total, mode enforce), "skipped: <reason>" (copilot_webhook_skips_total)."""
+    out: Counter[str] = Counter()
+    for family in text_string_to_metric_families(webhook.metrics()):
+        for sample in family.samples:
+            if sample.labels.get("kind") != "ptrace":
+                continue
+            if sample.name == "copilot_webhook_mutations_total":
+                mode = {"enforce": "mutated", "shadow": "shadowed"}[sample.labels["mode"]]
+                out[f"{mode}: {sample.labels['reason']}"] += int(sample.value)
+            elif sample.name == "copilot_webhook_skips_total":
+                out[f"skipped: {sample.labels['reason']}"] += int(sample.value)
+    return out
 
 
 def _primary(pod: Obj) -> str:
@@ -346,15 +374,19 @@ def runs(kube_admin: Kube, the_node: Node, images: Images, webhook: ChartPods) -
         inputs.write_bytes(literal_map({"radius": RADIUS}))
     stored: dict[str, Obj] = {}
     started: dict[str, float] = {}
+    decided: dict[str, dict[str, int]] = {}
     try:
         for index, setting in enumerate(SETTINGS):
             if index:
                 webhook.release.upgrade(_values(setting))
                 webhook.run(f"replica-{setting}")
+                webhook.release.wait_policies("Fail")
             for case in (c for c in CASES if c.setting == setting):
+                before = _decisions(webhook)  # one pod at a time: the counters move for it alone
                 started[_id(case)] = time.monotonic()
                 stored[_id(case)] = kube_admin.create_pod(PODS, pods[_id(case)])
-        yield _follow(kube_admin, the_node, stored, stores, started)
+                decided[_id(case)] = dict(_decisions(webhook) - before)
+        yield _follow(kube_admin, the_node, stored, stores, started, decided)
     finally:
         for case in CASES:
             with contextlib.suppress(KubeError):
@@ -375,7 +407,12 @@ def _not_done(kube: Kube, the_node: Node, case: Case, stored: dict[str, Obj]) ->
 
 
 def _follow(
-    kube: Kube, the_node: Node, stored: dict[str, Obj], stores: dict[str, Path], started: dict[str, float]
+    kube: Kube,
+    the_node: Node,
+    stored: dict[str, Obj],
+    stores: dict[str, Path],
+    started: dict[str, float],
+    decided: dict[str, dict[str, int]],
 ) -> dict[str, Run]:
     """Each case's pod until it is done (see `runs`); past FOLLOW s, a failure with what every pod not done
     showed: its status, its events and its copilot's logs."""
@@ -414,6 +451,7 @@ def _follow(
             outputs.read_bytes() if outputs.exists() else None,
             errors.read_bytes() if errors.exists() else None,
             logs,
+            decided[key],
         )
     return runs
 
@@ -470,6 +508,13 @@ def test_sys_ptrace_is_held_where_the_setting_puts_it(case: Case, runs: dict[str
     mutated = stored["metadata"].get("annotations", {}).get("copilot-webhook.io/mutated")
     changed = case.flyte == "1.15" and case.setting != "add"
     assert mutated == ({"sidecar": "ptrace=add:sidecar", "drop": "ptrace=drop"}[case.setting] if changed else None)
+
+
+@pytest.mark.parametrize("case", CASES, ids=_id)
+def test_the_webhook_reviewed_the_pod_and_counted_its_decision(case: Case, runs: dict[str, Run]) -> None:
+    """Left unchanged is told apart from never reviewed: the pod's review moved the webhook's decision
+    counters by one, the row's decision. (The webhooks fail closed: a review never answered refuses the pod.)"""
+    assert runs[_id(case)].decided == {case.decided: 1}
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c.uploads], ids=_id)

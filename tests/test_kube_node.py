@@ -28,6 +28,7 @@ import pytest
 from tests.controlplane import ControlPlane
 from tests.image_builds import ImageBuilder
 from tests.kube_support import (
+    FAIL,
     PRIVILEGED_BY_DEFAULT,
     ChartPods,
     Kube,
@@ -143,6 +144,7 @@ def _values(the_node: Node, images: Images, failure_policy: str) -> Obj:
         },
         "ptrace": {"mode": "drop"},
         "podSecurity": PRIVILEGED_BY_DEFAULT,
+        **FAIL,
     }
 
 
@@ -153,13 +155,15 @@ def webhook(
     kube_admin.create_namespace(PODS)
     kube_admin.create_namespace(BASELINE_PODS, {"pod-security.kubernetes.io/enforce": "baseline"})
     work = tmp_path_factory.mktemp("node-webhook")
-    yield from started(release(kube_admin, NAMESPACE, work, _values(the_node, images, "Ignore")), work / "pods")
+    installed = release(kube_admin, NAMESPACE, work, _values(the_node, images, "Ignore"))
+    yield from started(installed, work / "pods", policy="Fail")
 
 
 def _policy(pods: ChartPods, the_node: Node, images: Images, failure_policy: str) -> None:
     """helm upgrade to the puller failure policy, and the replica restarted on the new ConfigMap."""
     pods.release.upgrade(_values(the_node, images, failure_policy))
     pods.run(f"replica-{failure_policy.lower()}")
+    pods.release.wait_policies("Fail")
 
 
 # --- reading what the kubelet did -----------------------------------------------------------------------
