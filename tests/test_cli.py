@@ -12,7 +12,7 @@ import orjson
 import pytest
 import yaml
 
-from tests.support import GOLDEN, PODS, child_env
+from tests.support import GOLDEN, HERE, PODS, child_env
 
 ENV = child_env()
 
@@ -78,7 +78,7 @@ def test_certs_generate_prints_the_ca_bundle(tmp_path: Path) -> None:
 
 def test_preview_matches_the_http_answer_offline() -> None:
     result = _run("preview", "-f", str(PODS / "flyte-1.15-bare.yaml"), "--output", "patch")
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 1, result.stderr
     ops = orjson.loads(result.stdout)
     assert {"op": "add", "path": "/spec/shareProcessNamespace", "value": True} in ops
 
@@ -94,17 +94,20 @@ def test_preview_what_if_a_pod_security_level_is_in_force() -> None:
 
 def test_preview_from_stdin_as_diff() -> None:
     result = _run("preview", "-f", "-", "-o", "diff", stdin=(PODS / "flyte-1.15-bare.yaml").read_bytes())
-    assert result.returncode == 0
+    assert result.returncode == 1
     assert b"+  shareProcessNamespace: true" in result.stdout
 
 
-def test_preview_of_a_bad_file_exits_1_with_the_reason(tmp_path: Path) -> None:
+def test_preview_of_a_bad_file_exits_2_with_the_reason(tmp_path: Path) -> None:
     bad = tmp_path / "svc.yaml"
     bad.write_text("kind: Service\n")
     result = _run("preview", "-f", str(bad))
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert "kind 'Service' is neither a Pod" in result.stderr
-    assert "cannot read" in _run("preview", "-f", str(tmp_path / "none.yaml")).stderr
+    assert result.stdout == ""
+    missing = _run("preview", "-f", str(tmp_path / "none.yaml"))
+    assert missing.returncode == 2
+    assert "cannot read" in missing.stderr
 
 
 DORP_WARNING = "Warning: copilot-webhook: copilot-webhook.io/ptrace='dorp' ignored: expected add, drop or keep\n"
@@ -135,3 +138,38 @@ def test_preview_says_on_stderr_when_a_pod_would_be_refused(tmp_path: Path, outp
         "copilot-webhook: Pod/no-primary would be refused: copilot-webhook cannot decide (failurePolicy Fail): "
         "primary_container_name 'does-not-exist' names no regular container\n"
     ) in result.stderr
+
+
+def test_preview_exits_as_kubectl_diff_does(tmp_path: Path) -> None:
+    """0 nothing would change, 1 something would, 3 an object would be refused (whatever else would change),
+    2 usage and input it cannot preview; whatever the output form."""
+    config = tmp_path / "fail.yaml"
+    config.write_text("failurePolicy: Fail\n")
+    refused = (GOLDEN / "primary-missing-fail.yaml").read_text()
+    bundle = tmp_path / "bundle.yaml"
+    bundle.write_text((PODS / "flyte-1.15-bare.yaml").read_text() + "---\n" + refused)
+    shadow = tmp_path / "shadow.yaml"
+    shadow.write_text("mode: shadow\n")
+    cases = [
+        (("-f", str(PODS / "plain.yaml")), 0),
+        (("-f", str(PODS / "flyte-1.15-bare.yaml")), 1),
+        (("-f", str(PODS / "flyte-1.15-bare.yaml"), "--config", str(shadow)), 0),
+        (("-f", str(GOLDEN / "primary-missing-fail.yaml"), "--config", str(config)), 3),
+        (("-f", str(bundle), "--config", str(config)), 3),
+        (("-f", str(bundle)), 1),
+        (("-f", str(tmp_path / "missing.yaml")), 2),
+        (("-f", str(PODS / "plain.yaml"), "--runtime", "podman"), 2),
+    ]
+    for output in ("json", "diff"):
+        for args, code in cases:
+            assert _run("preview", *args, "-o", output).returncode == code, (args, output)
+
+
+def test_the_readmes_preview_is_what_preview_prints() -> None:
+    readme = (HERE.parent / "README.md").read_text()
+    start = readme.index("```diff\n") + len("```diff\n")
+    shown = readme[start : readme.index("```\n", start)]
+    result = _run("preview", "-f", str(HERE.parent / "examples" / "flyte-1.15-pod.yaml"), "-o", "diff")
+    assert result.stdout == shown
+    assert result.returncode == 1, "the README says so"
+    assert "exit status is 1" in readme

@@ -1,6 +1,9 @@
 """The `copilot-webhook` command line: serve, certs, preview, audit, label-nodes, verify, unregister, config show.
 
 Exit codes: 0 success, 2 usage or invalid configuration, 1 other failures; `audit` exits 3 when pods would change.
+`preview` exits as `kubectl diff` does: 0 nothing would change, 1 something would, greater than 1 when it
+could not answer (2: usage, invalid configuration, an input it cannot read or preview) or an object would
+be refused (3).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from webhook.preview.render import Notes, Output, PreviewQuery, preview
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 EXIT_CHANGES = 3  # audit: some running pods would change (kubectl diff's convention, moved off 1)
+PREVIEW_CHANGES, PREVIEW_REFUSED = 1, 3  # preview: kubectl diff's 1, and above 1 what stops an object
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -69,7 +73,10 @@ def _parser() -> argparse.ArgumentParser:
     ensure.add_argument("--out", help="also write tls.crt, tls.key and ca.crt here")
     ensure.add_argument("--config", help="YAML configuration file (for cluster access settings)")
 
-    show = commands.add_parser("preview", help="what the webhook would do to the objects in a file")
+    show = commands.add_parser(
+        "preview",
+        help="what the webhook would do to the objects in a file (exit 0 no change, 1 changes, 3 refused, 2 error)",
+    )
     show.add_argument(
         "-f",
         "--filename",
@@ -134,7 +141,7 @@ def _preview(args: argparse.Namespace, settings: Settings) -> int:
         body = sys.stdin.buffer.read() if args.filename == "-" else Path(args.filename).read_bytes()
     except OSError as exc:
         print(f"copilot-webhook: cannot read {args.filename}: {exc.strerror}", file=sys.stderr)
-        return EXIT_FAILURE
+        return EXIT_USAGE
     content_type = "application/json" if args.filename.endswith(".json") else "application/yaml"
     options = {
         "runtime": args.runtime,
@@ -148,11 +155,12 @@ def _preview(args: argparse.Namespace, settings: Settings) -> int:
         content, _ = preview(body, content_type, query, settings=settings)
     except RequestError as exc:
         print(f"copilot-webhook: {args.filename}: {exc.message}", file=sys.stderr)
-        return EXIT_FAILURE
+        return EXIT_USAGE
     sys.stdout.buffer.write(content if content.endswith(b"\n") or not content else content + b"\n")
     sys.stdout.flush()
-    _say(content.notes)
-    return EXIT_OK
+    notes = content.notes
+    _say(notes)
+    return PREVIEW_REFUSED if notes.refusals else PREVIEW_CHANGES if notes.changed else EXIT_OK
 
 
 def _say(notes: Notes) -> None:
