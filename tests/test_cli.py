@@ -99,11 +99,11 @@ def test_preview_from_stdin_as_diff() -> None:
 
 
 def test_preview_of_a_bad_file_exits_2_with_the_reason(tmp_path: Path) -> None:
-    bad = tmp_path / "svc.yaml"
-    bad.write_text("kind: Service\n")
+    bad = tmp_path / "deployment.yaml"
+    bad.write_text("kind: Deployment\nspec: {}\n")
     result = _run("preview", "-f", str(bad))
     assert result.returncode == 2
-    assert "kind 'Service' is neither a Pod" in result.stderr
+    assert "copilot-webhook: " + str(bad) + ": object: Deployment has no pod template at spec.template" in result.stderr
     assert result.stdout == ""
     missing = _run("preview", "-f", str(tmp_path / "none.yaml"))
     assert missing.returncode == 2
@@ -173,3 +173,12 @@ def test_the_readmes_preview_is_what_preview_prints() -> None:
     assert result.stdout == shown
     assert result.returncode == 1, "the README says so"
     assert "exit status is 1" in readme
+
+
+def test_preview_passes_a_service_through_saying_nothing_applies(tmp_path: Path) -> None:
+    service = tmp_path / "svc.yaml"
+    service.write_text("apiVersion: v1\nkind: Service\nmetadata:\n  name: web\n")
+    result = _run("preview", "-f", str(service), "-o", "yaml")
+    assert result.returncode == 0
+    assert yaml.safe_load(result.stdout) == {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"}}
+    assert result.stderr.startswith("Warning: copilot-webhook: Service passed through unchanged: ")

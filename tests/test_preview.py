@@ -205,6 +205,53 @@ def test_a_pod_security_what_if_leaves_out_what_that_level_forbids(body: bytes) 
     assert _preview(body, query="?podSecurity=privileged").json()["patch"] == _preview(body).json()["patch"]
 
 
+SERVICE = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"}, "spec": {"ports": [{"port": 80}]}}
+CONFIG_MAP = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "settings"}, "data": {"a": "1"}}
+WORKFLOW = {"apiVersion": "flyte.lyft.com/v1alpha1", "kind": "FlyteWorkflow", "metadata": {"name": "f7a9"}}
+PASS_NOTE = (
+    "copilot-webhook: {} passed through unchanged: the webhook acts on Pods alone (a Pod, the pod template of a "
+    "Deployment, StatefulSet, DaemonSet, ReplicaSet, Job, CronJob, an AdmissionReview)"
+)
+
+
+def test_a_bundle_passes_every_object_without_a_pod_template_through_unchanged() -> None:
+    """As istioctl kube-inject: the YAML answer is the whole bundle, ready for kubectl apply."""
+    pod = yaml.safe_load(POD_YAML)
+    docs = [SERVICE, pod, CONFIG_MAP, {"apiVersion": "v1", "kind": "List", "items": [WORKFLOW, SERVICE]}]
+    body = b"---\n".join(yaml.safe_dump(d).encode() for d in docs)
+    answer = _preview(body, query="?output=yaml")
+    assert answer.status_code == 200
+    assert answer.headers.get_list("warning") == []
+    mutated = list(yaml.safe_load_all(answer.text))
+    assert mutated == [SERVICE, _preview(POD_YAML).json()["object"], CONFIG_MAP, WORKFLOW, SERVICE]
+    entries = _preview(body).json()
+    assert [(e["kind"], e["name"]) for e in entries] == [
+        ("Service", "web"),
+        ("Pod", "bq2m4-n1-0"),
+        ("ConfigMap", "settings"),
+        ("FlyteWorkflow", "f7a9"),
+        ("Service", "web"),
+    ]
+    passed = entries[0]
+    assert (passed["allowed"], passed["patch"], passed["changes"], passed["warnings"]) == (True, [], [], [])
+    assert passed["object"] == SERVICE
+    assert "+  shareProcessNamespace: true" in _preview(body, query="?output=diff").text
+    assert _preview(body, query="?output=patch").json()[0] == []
+
+
+def test_an_answer_of_objects_without_a_pod_template_says_nothing_applies() -> None:
+    alone = _preview(orjson.dumps(SERVICE), "application/json", "?output=diff")
+    assert alone.status_code == 200
+    assert alone.text == ""
+    assert alone.headers.get_list("warning") == [f'299 - "{PASS_NOTE.format("Service")}"']
+    assert _preview(orjson.dumps(SERVICE), "application/json").json()["object"] == SERVICE
+    both = _preview(yaml.safe_dump(SERVICE).encode() + b"---\n" + yaml.safe_dump(CONFIG_MAP).encode())
+    assert both.headers.get_list("warning") == [
+        f'299 - "Service/web: {PASS_NOTE.format("Service")}"',
+        f'299 - "ConfigMap/settings: {PASS_NOTE.format("ConfigMap")}"',
+    ]
+
+
 @pytest.mark.parametrize(
     ("body", "content_type", "query", "status", "message"),
     [
@@ -215,7 +262,7 @@ def test_a_pod_security_what_if_leaves_out_what_that_level_forbids(body: bytes) 
         (POD_YAML, "application/yaml", "?colour=blue", 400, "unknown query parameter(s) colour"),
         (POD_YAML, "application/yaml", "?podSecurity=Baseline", 400, "podSecurity='Baseline' is not allowed"),
         (POD_YAML, "text/plain", "", 415, "Content-Type must be application/json or application/yaml"),
-        (b"kind: Service\nmetadata: {name: s}\n", "application/yaml", "", 400, "kind 'Service' is neither a Pod"),
+        (b"kind: 3\n", "application/yaml", "", 400, "object: kind must be a string such as Pod or Deployment"),
         (
             b"kind: Deployment\nspec: {}\n",
             "application/yaml",

@@ -1,7 +1,8 @@
 """Dry-run previews (POST /preview, `copilot-webhook preview`): what the webhook would do to an object.
 
 Takes Pods, AdmissionReviews, workloads with a pod template, Lists and multi-document YAML; answers
-with the patch, the mutated object, the reason for every operation and the warnings. Side-effect free.
+with the patch, the mutated object, the reason for every operation and the warnings. Any other kind of
+object passes through unchanged. Side-effect free.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from webhook.mutation.pod import type_name
 from webhook.mutation.pointer import Operation
 from webhook.objects import JSONObject
 from webhook.review import (
+    WARNING_PREFIX,
     NamespaceFacts,
     decide,
     decision,
@@ -42,6 +44,7 @@ TEMPLATE_PATHS: dict[str, tuple[str, ...]] = {
     "Job": ("spec", "template"),
     "CronJob": ("spec", "jobTemplate", "spec", "template"),
 }
+PASSED_THROUGH = "no pod template"  # the runtime's source for an object passed through unchanged
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 # A named alias, so that the OpenAPI description has one Output schema for the parameter.
@@ -201,6 +204,37 @@ class PreviewEntry(TypedDict):
     _refusal: str | None  # why admission would refuse the object (failurePolicy Fail and undecidable)
 
 
+def _passed_through(kind: str, obj: JSONObject) -> PreviewEntry:
+    """An object with no pod template (a Service, a ConfigMap, a custom resource): answered unchanged, so
+    that a whole bundle of manifests can be previewed, as `istioctl kube-inject` passes such objects on."""
+    return {
+        "kind": kind,
+        "name": _name(obj),
+        "allowed": True,
+        "patch": [],
+        "object": obj,
+        "changes": [],
+        "notApplied": [],
+        "warnings": [],
+        "runtime": {"flavour": None, "socket": None, "source": PASSED_THROUGH},
+        "_before": obj,
+        "_warnings": [],
+        "_refusal": None,
+    }
+
+
+def _nothing_applies(entries: list[PreviewEntry]) -> None:
+    """When no object of the answer has a pod template, each says so in a warning: a file of nothing the
+    webhook acts on is more likely a mistake than a bundle's other half."""
+    for entry in entries:
+        note = (
+            f"{WARNING_PREFIX}{entry['kind']} passed through unchanged: the webhook acts on Pods alone "
+            f"(a Pod, the pod template of a {', '.join(TEMPLATE_PATHS)}, an AdmissionReview)"
+        )
+        entry["warnings"].append(note)
+        entry["_warnings"].append(note)
+
+
 def _runtime(decided: Plan | None) -> RuntimeAnswer:
     runtime = decided.runtime if decided is not None else None
     if runtime is None:
@@ -242,11 +276,7 @@ def preview_one(
             raise RequestError(400, f"{where}: {kind} has no pod template at {'.'.join(TEMPLATE_PATHS[kind])}")
         prefix = "/" + "/".join(TEMPLATE_PATHS[kind])
     else:
-        raise RequestError(
-            400,
-            f"{where}: kind {kind!r} is neither a Pod nor a workload with a pod template "
-            f"({', '.join(TEMPLATE_PATHS)}), nor an AdmissionReview",
-        )
+        return _passed_through(kind, obj)
     namespace = _namespace(obj, query)
     facts = Facts(RequestFacts(namespace, query.runtime, query.node, query.podSecurity), namespaces(namespace))
     decided = plan_or_undecided(pod, facts, settings, kinds=KINDS, where=where)
@@ -386,6 +416,8 @@ def preview(
     docs = load_documents(body, content_type)
     objects = list(_objects(docs))
     entries = [preview_one(where, obj, settings, query=query, namespaces=namespaces) for where, obj in objects]
+    if all(e["runtime"]["source"] == PASSED_THROUGH for e in entries):
+        _nothing_applies(entries)
     as_list = len(docs) > 1 or len(objects) != 1 or any(_is_list(d) for d in docs)
     content, media_type = render(entries, query.output, as_list)
     return Answer.of(content, notes_of(entries, as_list)), media_type
