@@ -48,6 +48,12 @@ def _inspect_cut_short(request: str, connection: socket.socket) -> None:
     connection.sendall(_head("200 OK", "Content-Type: application/json", "Content-Length: 1000") + b'{"Id":')
 
 
+def _absent_cut_short(request: str, connection: socket.socket) -> None:
+    """A 404 is "absent" only when whole: this one is 27 of 100 bytes."""
+    head = _head("404 Not Found", "Content-Type: application/json", "Content-Length: 100")
+    connection.sendall(head + b'{"message":"No such image: ')
+
+
 def _inspect_chunks_unfinished(request: str, connection: socket.socket) -> None:
     """Whole chunks, but never the last (empty) one."""
     connection.sendall(OK_CHUNKED + _chunk(b'{"Id":"sha256:0123",') + _chunk(b'"RepoTags":[]}'))
@@ -149,6 +155,7 @@ def _failed_line(stdout: str, image: str) -> str:
     ("answer", "says"),
     [
         (_inspect_cut_short, "the Docker Engine answer to image inspect was cut short after 6 of 1000 bytes"),
+        (_absent_cut_short, "the Docker Engine answer to image inspect was cut short after 27 of 100 bytes"),
         (_inspect_chunks_unfinished, "image inspect was cut short after 34 bytes, before its last chunk"),
         (_inspect_undelimited, "image inspect declares neither its length nor chunks"),
         (_inspect_not_json, "image inspect is not JSON: <html><body>Bad Gateway"),
@@ -227,12 +234,12 @@ def test_a_pull_stream_not_read_to_its_end_or_ending_in_an_error_is_no_pull(
     ],
 )
 def test_an_endless_answer_is_read_no_further_than_its_cap(tmp_path: Path, answer: Answer, says: str) -> None:
-    """What a socket sends past the cap is never read: the image fails at once, long before the deadline,
-    and the puller's memory stays that of a few buffers."""
+    """What a socket sends past the cap is never read: the image fails at once, not at the deadline, and
+    the puller's memory stays that of a few buffers."""
     with _docker_socket(tmp_path / "docker.sock", answer) as path:
         command = [sys.executable, "-m", "webhook.pull", "--runtime=docker", f"--socket={path}", "--retries=1"]
         process = subprocess.Popen(
-            [*command, "--timeout=60", "--", "busybox:1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            [*command, "--timeout=10", "--", "busybox:1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
         peak = _peak_memory_kib(process)
         out, err = process.communicate(timeout=60)
