@@ -46,6 +46,11 @@ def _manifests(values: dict[str, Any] | None, kube_version: str, name: str) -> d
     return manifests
 
 
+def notes(values: dict[str, Any] | None = None, name: str = "cw") -> str:
+    """NOTES.txt as `helm install` prints it for release `name` in namespace flyte."""
+    return next(text for path, text in _manifests(values, "1.33.0", name).items() if path.endswith("NOTES.txt"))
+
+
 def render(
     values: dict[str, Any] | None = None, kube_version: str = "1.33.0", name: str = "cw"
 ) -> dict[str, dict[str, Any]]:
@@ -889,3 +894,26 @@ def test_every_name_follows_the_overrides_and_they_still_agree(
     for obj in objects.values():
         if obj["kind"] not in CRDS:
             kubernetes_validate.validate(obj, "1.33.0", strict=True)
+
+
+def _pause(values: dict[str, Any]) -> tuple[list[str], int]:
+    pod = _pod(values)
+    return pod["containers"][0]["lifecycle"]["preStop"]["exec"]["command"], pod["terminationGracePeriodSeconds"]
+
+
+def test_the_prestop_pause_is_prestopseconds_and_an_install_setting_drainseconds_keeps_working() -> None:
+    """drainSeconds, the pause's former name beside server.drainSeconds (the server's own drain), still
+    works where an install sets it, and the notes say it is deprecated."""
+    assert _pause({}) == (["sleep", "5"], 20)
+    assert _pause({"preStopSeconds": 3}) == (["sleep", "3"], 18)
+    assert _pause({"drainSeconds": 9}) == (["sleep", "9"], 24)
+    assert _pause({"drainSeconds": 0, "preStopSeconds": 3}) == (["sleep", "0"], 15), "the old name, when set, wins"
+    server = yaml.safe_load(render({"drainSeconds": 9})["ConfigMap/cw-copilot-webhook"]["data"]["config.yaml"])
+    assert server["server"]["drainSeconds"] == 2, "the server's own drain is a different value"
+    assert "DEPRECATED: drainSeconds is now preStopSeconds" in notes({"drainSeconds": 9})
+    assert "Its value, 9, is still used" in notes({"drainSeconds": 9})
+    assert "DEPRECATED" not in notes({"preStopSeconds": 9})
+    schema = orjson.loads((CHART / "values.schema.json").read_bytes())["properties"]
+    assert schema["drainSeconds"]["description"].startswith("Deprecated")
+    with pytest.raises(helm.HelmValuesError, match="/drainSeconds"):
+        render({"drainSeconds": -1})

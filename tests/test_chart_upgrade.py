@@ -30,8 +30,15 @@ def _objects(manifest: str) -> dict[str, dict[str, Any]]:
     return {f"{d['kind']}/{d['metadata']['name']}": d for d in yaml.safe_load_all(manifest) if d}
 
 
-def _store_release(api: FakeAPIServer, chart: helm.Chart, manifest: str, values: dict[str, Any]) -> None:
-    """Revision 1 as Helm's Secret driver keeps it: gzip, base64, in a labelled Secret."""
+def _store_release(
+    api: FakeAPIServer,
+    chart: helm.Chart,
+    manifest: str,
+    values: dict[str, Any],
+    chart_values: dict[str, Any] | None = None,
+) -> None:
+    """Revision 1 as Helm's Secret driver keeps it: gzip, base64, in a labelled Secret. `chart_values` are the
+    defaults of the chart it was installed with, which `helm upgrade --reuse-values` renders with."""
     release = {
         "name": "cw",
         "namespace": "flyte",
@@ -41,7 +48,7 @@ def _store_release(api: FakeAPIServer, chart: helm.Chart, manifest: str, values:
             "first_deployed": "2026-11-30T09:00:00Z",
             "last_deployed": "2026-11-30T09:01:00Z",
         },
-        "chart": {"metadata": chart.metadata, "templates": [], "values": {}},
+        "chart": {"metadata": chart.metadata, "templates": [], "values": chart_values or {}},
         "config": values,
         "manifest": manifest,
     }
@@ -164,3 +171,66 @@ def test_install_over_a_secret_a_removed_release_left_behind(api: FakeAPIServer,
     config = helm.Config(kubeconfig_path=api.kubeconfig(tmp_path / "kc"), namespace="flyte")
     release = config.install(helm.Chart.load(CHART), "cw", {}, namespace="flyte", dry_run="server", timeout=30)
     assert "Secret/cw-copilot-webhook-tls" not in _objects(release["manifest"])
+
+
+BEFORE_STANDARD_KNOBS = Path(__file__).parent / "releases" / "chart-values-before-standard-knobs.yaml"
+
+
+def _upgrade_from_the_chart_before_preStopSeconds(
+    api: FakeAPIServer, tmp_path: Path, user_values: dict[str, Any], new_values: dict[str, Any], reuse_values: bool
+) -> Any:
+    """A release installed with user_values by the chart whose values.yaml was BEFORE_STANDARD_KNOBS (drainSeconds
+    for the preStop pause, none of the standard knobs), upgraded to this chart."""
+    chart = helm.Chart.load(CHART)
+    config = helm.Config(kubeconfig_path=api.kubeconfig(tmp_path / "kc"), namespace="flyte")
+    old_defaults = yaml.safe_load(BEFORE_STANDARD_KNOBS.read_text())
+    assert old_defaults["drainSeconds"] == 5
+    assert "preStopSeconds" not in old_defaults
+    assert "podSecurityContext" not in old_defaults
+    _store_release(api, chart, "", user_values, chart_values=old_defaults)
+    return config.upgrade(
+        chart, "cw", new_values, namespace="flyte", dry_run="server", timeout=30, reuse_values=reuse_values
+    )
+
+
+def _deployment(release: Any) -> dict[str, Any]:
+    deployment: dict[str, Any] = _objects(release["manifest"])["Deployment/cw-copilot-webhook"]
+    return deployment
+
+
+@pytest.mark.parametrize("reuse_values", [True, False])
+def test_upgrade_of_a_release_that_set_drainseconds_keeps_its_prestop_pause(
+    api: FakeAPIServer, tmp_path: Path, reuse_values: bool
+) -> None:
+    """drainSeconds (the preStop pause) is now preStopSeconds: a release installed with the old name keeps its
+    pause through `helm upgrade --reuse-values`, or with the same values file, and is told of the new name."""
+    old_values = {"drainSeconds": 11}
+    upgraded = _upgrade_from_the_chart_before_preStopSeconds(
+        api, tmp_path, old_values, {} if reuse_values else old_values, reuse_values
+    )
+    assert upgraded["revision"] == 2
+    pod = _deployment(upgraded)["spec"]["template"]["spec"]
+    assert pod["containers"][0]["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "11"]
+    assert pod["terminationGracePeriodSeconds"] == 26
+    assert "drainSeconds is now preStopSeconds" in upgraded["notes"]
+    assert "Its value, 11, is still used" in upgraded["notes"]
+
+
+def test_reuse_values_from_the_chart_before_the_standard_knobs_renders_what_a_fresh_install_does(
+    api: FakeAPIServer, tmp_path: Path
+) -> None:
+    """--reuse-values renders with the older chart's values.yaml, which lacks the keys added since
+    (preStopSeconds, podSecurityContext, revisionHistoryLimit, ...): the Deployment is the one a fresh install
+    of this chart renders, with the same pause, user and history."""
+    upgraded = _upgrade_from_the_chart_before_preStopSeconds(api, tmp_path, {}, {}, reuse_values=True)
+    config = helm.Config(kubeconfig_path=api.kubeconfig(tmp_path / "kc-fresh"), namespace="flyte")
+    del api.store["/api/v1/namespaces/flyte/secrets/sh.helm.release.v1.cw.v1"]
+    fresh = config.install(helm.Chart.load(CHART), "cw", {}, namespace="flyte", dry_run="server", timeout=30)
+    assert _deployment(upgraded) == _deployment(fresh)
+    pod = _deployment(upgraded)["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsUser"] == 65532
+    assert pod["containers"][0]["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "5"]
+    assert _deployment(upgraded)["spec"]["revisionHistoryLimit"] == 5
+    for obj in _objects(upgraded["manifest"]).values():
+        if obj["kind"] not in CRDS:
+            kubernetes_validate.validate(obj, api.version, strict=True)

@@ -39,11 +39,19 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- printf "%s-%s" (include "cw.fullname" .context | trunc (int (sub 62 (len .suffix))) | trimSuffix "-") .suffix -}}
 {{- end -}}
 
+{{/* `helm upgrade --reuse-values` renders with the values of the chart a release was installed with, which
+     may predate a key: "cw.value" gives values.yaml's default for a missing one. Takes (dict "context" $
+     "key" "revisionHistoryLimit" "default" 5). */}}
+{{- define "cw.value" -}}
+{{- toJson (ternary (index .context.Values .key) .default (hasKey .context.Values .key)) -}}
+{{- end -}}
+
 {{/* The pod security context of every pod the chart runs: non-root with RuntimeDefault seccomp always
      (Pod Security "restricted"); the user and groups from podSecurityContext, whose schema admits only
      those. */}}
 {{- define "cw.podSecurityContext" -}}
-{{- toYaml (merge (dict "runAsNonRoot" true "seccompProfile" (dict "type" "RuntimeDefault")) (deepCopy .Values.podSecurityContext)) -}}
+{{- $own := include "cw.value" (dict "context" . "key" "podSecurityContext" "default" (dict "runAsUser" 65532 "runAsGroup" 65532 "fsGroup" 65532)) | fromJson -}}
+{{- toYaml (merge (dict "runAsNonRoot" true "seccompProfile" (dict "type" "RuntimeDefault")) $own) -}}
 {{- end -}}
 
 {{/* The webhook pods' spread: the chart's soft spread over nodes and zones, where a constraint of
@@ -171,4 +179,14 @@ c.name in {{ toJson $names }} && ((has(c.command) && size(c.command) > 0 && c.co
 {{/* Namespaces never sent to the webhook: the control plane's own and ours, whatever excludeNamespaces says. */}}
 {{- define "cw.excludedNamespaces" -}}
 {{- toJson (concat (list "kube-system" "kube-public" "kube-node-lease") .Values.webhook.excludeNamespaces (list .Release.Namespace) | uniq) -}}
+{{- end -}}
+
+{{/* The preStop pause in seconds: preStopSeconds, or drainSeconds, its former name, when an install still
+     sets it (or --reuse-values keeps it from the values of an older chart). */}}
+{{- define "cw.preStopSeconds" -}}
+{{- if hasKey .Values "drainSeconds" -}}
+{{- int .Values.drainSeconds -}}
+{{- else -}}
+{{- include "cw.value" (dict "context" . "key" "preStopSeconds" "default" 5) | int -}}
+{{- end -}}
 {{- end -}}
