@@ -150,6 +150,26 @@ def _failed_line(stdout: str, image: str) -> str:
     return lines[0]
 
 
+def _pull_from_docker(
+    tmp_path: Path, answer: Answer, policy: str
+) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    """busybox:1 pulled by the puller through a Docker socket that answers with `answer`; the requests it
+    received. The puller never prints a traceback, whatever the answer."""
+    counting, requests = _counted(answer)
+    with _docker_socket(tmp_path / "docker.sock", counting) as path:
+        done = _pull(
+            "--runtime=docker",
+            f"--socket={path}",
+            f"--retries={RETRIES}",
+            "--backoff=0.05",
+            f"--failure-policy={policy}",
+            "--",
+            "busybox:1",
+        )
+    assert "Traceback" not in done.stderr, done.stderr
+    return done, requests
+
+
 @pytest.mark.parametrize("policy", ["Ignore", "Fail"])
 @pytest.mark.parametrize(
     ("answer", "says"),
@@ -168,18 +188,7 @@ def _failed_line(stdout: str, image: str) -> str:
 def test_an_inspect_answer_not_read_whole_or_not_an_image_is_no_image(
     tmp_path: Path, answer: Answer, says: str, policy: str
 ) -> None:
-    counting, requests = _counted(answer)
-    with _docker_socket(tmp_path / "docker.sock", counting) as path:
-        done = _pull(
-            "--runtime=docker",
-            f"--socket={path}",
-            f"--retries={RETRIES}",
-            "--backoff=0.05",
-            f"--failure-policy={policy}",
-            "--",
-            "busybox:1",
-        )
-    assert "Traceback" not in done.stderr, done.stderr
+    done, requests = _pull_from_docker(tmp_path, answer, policy)
     line = _failed_line(done.stdout, "busybox:1")
     assert says in line
     assert " attempts=0 " in line, "no pull was tried"
@@ -206,18 +215,7 @@ def test_an_inspect_answer_not_read_whole_or_not_an_image_is_no_image(
 def test_a_pull_stream_not_read_to_its_end_or_ending_in_an_error_is_no_pull(
     tmp_path: Path, answer: Answer, says: str, policy: str
 ) -> None:
-    counting, requests = _counted(answer)
-    with _docker_socket(tmp_path / "docker.sock", counting) as path:
-        done = _pull(
-            "--runtime=docker",
-            f"--socket={path}",
-            f"--retries={RETRIES}",
-            "--backoff=0.05",
-            f"--failure-policy={policy}",
-            "--",
-            "busybox:1",
-        )
-    assert "Traceback" not in done.stderr, done.stderr
+    done, requests = _pull_from_docker(tmp_path, answer, policy)
     line = _failed_line(done.stdout, "busybox:1")
     assert says in line
     assert f" attempts={RETRIES} " in line, "retried as a transient failure"
