@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import base64
 import functools
+import http.server
 import re
 import shutil
+import ssl
+import subprocess
+import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import helm_python as helm
 import kubernetes_validate
@@ -17,7 +21,7 @@ import orjson
 import pytest
 import yaml
 
-from certs.authority import service_dns_names
+from certs.authority import generate_ca, issue_serving, service_dns_names
 from scripts import values_table
 from webhook.config import Settings, build_settings, dump_settings
 from webhook.web.metrics import Metrics
@@ -917,3 +921,120 @@ def test_the_prestop_pause_is_prestopseconds_and_an_install_setting_drainseconds
     assert schema["drainSeconds"]["description"].startswith("Deprecated")
     with pytest.raises(helm.HelmValuesError, match="/drainSeconds"):
         render({"drainSeconds": -1})
+
+
+NOTES_CASES = [
+    ({}, "cw"),
+    ({}, "copilot-webhook"),  # a release name holding the chart's name is the fullname
+    ({"nameOverride": "ptrace-hook"}, "cw"),
+    ({"fullnameOverride": "admission"}, "cw"),
+    ({"fullnameOverride": "admission", "tls": {"mode": "cert-manager"}}, "cw"),
+    ({"hostNetwork": True, "server": {"port": 10260, "metricsPort": 10261}}, "cw"),
+]
+
+
+def _of_kind(objects: dict[str, dict[str, Any]], kind: str) -> dict[str, Any]:
+    (found,) = [obj for key, obj in objects.items() if key.startswith(kind + "/")]
+    return found
+
+
+def _printed_curl(text: str) -> tuple[str, str, int]:
+    """The preview command NOTES.txt prints, and the host and port it both resolves and requests."""
+    (curl,) = re.findall(r"^  (curl -sS --cacert .*)$", text, re.MULTILINE)
+    resolve = re.search(r"--resolve ([^:\s]+):(\d+):127\.0\.0\.1 ", curl)
+    url = re.search(r"'https://([^:/']+):(\d+)/preview\?output=diff'", curl)
+    assert resolve, curl
+    assert url, curl
+    assert resolve.groups() == url.groups(), "curl dials 127.0.0.1 only for the host it is asked for"
+    return curl, url.group(1), int(url.group(2))
+
+
+@pytest.mark.parametrize(("values", "release"), NOTES_CASES)
+def test_the_notes_commands_name_the_rendered_objects(values: dict[str, Any], release: str) -> None:
+    """Every name NOTES.txt prints is that of a rendered object, and the preview's TLS name is one the
+    serving certificate carries, for the default release and under nameOverride/fullnameOverride."""
+    text, objects = notes(values, release), render(values, name=release)
+    service, config = _of_kind(objects, "Service"), _of_kind(objects, "MutatingWebhookConfiguration")
+    ports = {p["port"] for p in service["spec"]["ports"]}
+    forwards = re.findall(r"kubectl -n (\S+) port-forward service/(\S+) (\d+)(?::(\d+))? ", text)
+    assert len(forwards) == 2, "metrics and preview"
+    for namespace, name, _, remote in forwards:
+        assert (namespace, name) == ("flyte", service["metadata"]["name"])
+        assert int(remote or _) in ports
+    assert set(re.findall(r"kubectl get mutatingwebhookconfiguration (\S+) ", text)) == {config["metadata"]["name"]}
+    assert re.findall(r"rollout status deployment/(\S+)", text) == [_of_kind(objects, "Deployment")["metadata"]["name"]]
+    _, host, port = _printed_curl(text)
+    assert [int(local) for *_, local, remote in forwards if remote == "443"] == [port]
+    called = config["webhooks"][0]["clientConfig"]["service"]
+    assert host == f"{called['name']}.{called['namespace']}.svc", "the name the API server dials"
+    if values.get("tls", {}).get("mode") == "cert-manager":
+        certificate = objects[f"Certificate/{service['metadata']['name']}"]["spec"]
+        assert host in certificate["dnsNames"]
+    else:
+        certs = _of_kind(objects, "Deployment")["spec"]["template"]["spec"]["initContainers"][0]["args"]
+        given = dict(a.removeprefix("--").split("=", 1) for a in certs if "=" in a)
+        assert host in service_dns_names(given["service"], given["namespace"])
+    assert "/preview" not in notes({**values, "preview": {"enabled": False}}, release), "no hint for a 404"
+
+
+class _Preview(http.server.BaseHTTPRequestHandler):
+    received: ClassVar[list[tuple[str, str, bytes]]] = []
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        self.received.append((self.path, self.headers["Content-Type"], body))
+        self.send_response(200)
+        self.send_header("Content-Length", "9")
+        self.end_headers()
+        self.wfile.write(b"previewed")
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.mark.parametrize(("values", "release"), [({}, "cw"), ({"fullnameOverride": "admission"}, "cw")])
+def test_the_notes_preview_command_works_as_printed(tmp_path: Path, values: dict[str, Any], release: str) -> None:
+    """The printed curl, run as printed (the port-forward's local port standing in for 8443) against a
+    listener whose certificate is issued as the self-signed mode issues it, for the --service and
+    --namespace the Deployment gives `certs ensure`, and signed by the CA the hint saves to ca.crt."""
+    objects = render(values, name=release)
+    certs = _of_kind(objects, "Deployment")["spec"]["template"]["spec"]["initContainers"][0]["args"]
+    given = dict(a.removeprefix("--").split("=", 1) for a in certs if "=" in a)
+    ca = generate_ca()
+    serving = issue_serving(ca, service_dns_names(given["service"], given["namespace"]))
+    (tmp_path / "ca.crt").write_bytes(ca.cert_pem)
+    (tmp_path / "tls.crt").write_bytes(serving.cert_pem)
+    (tmp_path / "tls.key").write_bytes(serving.key_pem)
+    (tmp_path / "my-pod.yaml").write_text("apiVersion: v1\nkind: Pod\n")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(tmp_path / "tls.crt", tmp_path / "tls.key")
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Preview)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    _Preview.received.clear()
+    try:
+        curl, _, _ = _printed_curl(notes(values, release))
+        ran = subprocess.run(
+            ["sh", "-c", curl.replace(":8443", f":{port}")],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        assert (ran.returncode, ran.stdout) == (0, "previewed"), ran.stderr
+        assert _Preview.received == [("/preview?output=diff", "application/yaml", b"apiVersion: v1\nkind: Pod\n")]
+        # The same CA without --resolve, dialling 127.0.0.1 by its address: refused for the name.
+        bare = subprocess.run(
+            ["curl", "-sS", "--cacert", "ca.crt", f"https://127.0.0.1:{port}/preview"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        assert bare.returncode in {51, 60}, bare.stderr
+    finally:
+        server.shutdown()
+        server.server_close()
