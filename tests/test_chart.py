@@ -958,9 +958,9 @@ def test_the_notes_commands_name_the_rendered_objects(values: dict[str, Any], re
     ports = {p["port"] for p in service["spec"]["ports"]}
     forwards = re.findall(r"kubectl -n (\S+) port-forward service/(\S+) (\d+)(?::(\d+))? ", text)
     assert len(forwards) == 2, "metrics and preview"
-    for namespace, name, _, remote in forwards:
+    for namespace, name, local, remote in forwards:
         assert (namespace, name) == ("flyte", service["metadata"]["name"])
-        assert int(remote or _) in ports
+        assert int(remote or local) in ports, "a port the Service serves"
     assert set(re.findall(r"kubectl get mutatingwebhookconfiguration (\S+) ", text)) == {config["metadata"]["name"]}
     assert re.findall(r"rollout status deployment/(\S+)", text) == [_of_kind(objects, "Deployment")["metadata"]["name"]]
     _, host, port = _printed_curl(text)
