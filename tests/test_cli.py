@@ -181,4 +181,26 @@ def test_preview_passes_a_service_through_saying_nothing_applies(tmp_path: Path)
     result = _run("preview", "-f", str(service), "-o", "yaml")
     assert result.returncode == 0
     assert yaml.safe_load(result.stdout) == {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"}}
-    assert result.stderr.startswith("Warning: copilot-webhook: Service passed through unchanged: ")
+    assert result.stderr.splitlines() == [
+        "# Service/web: ptrace=skipped(no-pod-template);image-puller=skipped(no-pod-template)",
+        "Warning: copilot-webhook: Service passed through unchanged: the webhook acts on Pods alone (a Pod, the pod "
+        "template of a Deployment, StatefulSet, DaemonSet, ReplicaSet, Job, CronJob, an AdmissionReview)",
+    ]
+
+
+@pytest.mark.parametrize("output", ["yaml", "patch", "diff"])
+def test_preview_names_each_objects_decisions_on_stderr_where_the_answer_does_not(tmp_path: Path, output: str) -> None:
+    bundle = tmp_path / "bundle.yaml"
+    bundle.write_text((PODS / "plain.yaml").read_text() + "---\n" + (PODS / "flyte-1.16.yaml").read_text())
+    result = _run("preview", "-f", str(bundle), "-o", output)
+    assert result.returncode == 1
+    assert result.stderr == (
+        "# Pod/web: ptrace=skipped(not-copilot);image-puller=skipped(not-copilot)\n"
+        "# Pod/dz7-n0-0: ptrace=add:none(native-sidecar);image-puller=containerd:/run/containerd/containerd.sock\n"
+    )
+    json_answer = _run("preview", "-f", str(bundle))
+    assert json_answer.stderr == ""
+    assert [e["decisions"]["ptrace"] for e in orjson.loads(json_answer.stdout)] == [
+        "skipped(not-copilot)",
+        "add:none(native-sidecar)",
+    ]

@@ -10,8 +10,8 @@ import orjson
 import pytest
 import yaml
 
-from tests.asgi import call
-from tests.support import GOLDEN, PODS, apply, review, validate
+from tests.asgi import call, post_json
+from tests.support import GOLDEN, PODS, apply, pod, review, validate
 from webhook.config import build_settings
 from webhook.web.api import warning_header
 from webhook.web.server import WebhookApp
@@ -28,7 +28,18 @@ def test_pod_yaml_preview_has_patch_object_changes_and_reasons() -> None:
     res = _preview(POD_YAML)
     assert res.status_code == 200
     entry = res.json()
-    assert set(entry) == {"kind", "name", "allowed", "patch", "object", "changes", "notApplied", "warnings", "runtime"}
+    assert set(entry) == {
+        "kind",
+        "name",
+        "allowed",
+        "decisions",
+        "patch",
+        "object",
+        "changes",
+        "notApplied",
+        "warnings",
+        "runtime",
+    }
     assert (entry["kind"], entry["name"], entry["allowed"]) == ("Pod", "bq2m4-n1-0", True)
     original = yaml.safe_load(POD_YAML)
     assert apply(original, entry["patch"]) == entry["object"]
@@ -250,6 +261,99 @@ def test_an_answer_of_objects_without_a_pod_template_says_nothing_applies() -> N
         f'299 - "Service/web: {PASS_NOTE.format("Service")}"',
         f'299 - "ConfigMap/settings: {PASS_NOTE.format("ConfigMap")}"',
     ]
+
+
+def _opted_out() -> dict[str, Any]:
+    obj: dict[str, Any] = yaml.safe_load(POD_YAML)
+    obj["metadata"]["annotations"] = {"copilot-webhook.io/inject": "false"}
+    return obj
+
+
+@pytest.mark.parametrize(
+    ("obj", "settings", "query", "decisions"),
+    [
+        (yaml.safe_load(POD_YAML), {}, "", ("add:primary", "containerd:/run/containerd/containerd.sock")),
+        (pod("flyte-1.16.yaml"), {}, "", ("add:none(native-sidecar)", "containerd:/run/containerd/containerd.sock")),
+        (
+            yaml.safe_load(POD_YAML),
+            {"ptrace": {"mode": "drop"}},
+            "?runtime=docker",
+            ("drop", "docker:/var/run/docker.sock"),
+        ),
+        (
+            yaml.safe_load(POD_YAML),
+            {},
+            "?podSecurity=baseline",
+            ("add:skipped(pod-security=baseline)", "skipped(pod-security)"),
+        ),
+        (
+            yaml.safe_load(POD_YAML),
+            {"mode": "shadow"},
+            "",
+            ("add:primary", "containerd:/run/containerd/containerd.sock"),
+        ),
+        (pod("plain.yaml"), {}, "", ("skipped(not-copilot)", "skipped(not-copilot)")),
+        (_opted_out(), {}, "", ("skipped(pod-opt-out)", "skipped(pod-opt-out)")),
+        (
+            yaml.safe_load(REFUSED),
+            {"failurePolicy": "Fail"},
+            "",
+            ("skipped(undecided)", "containerd:/run/containerd/containerd.sock"),
+        ),
+    ],
+)
+def test_every_answer_names_the_decisions_mutate_audits(
+    obj: dict[str, Any], settings: dict[str, Any], query: str, decisions: tuple[str, str]
+) -> None:
+    """The values of /mutate's audit annotations; where it writes none, why nothing was decided."""
+    app = WebhookApp(build_settings(settings))
+    entry = call(app, "POST", "/preview" + query, orjson.dumps(obj), content_type="application/json").json()
+    assert entry["decisions"] == {"ptrace": decisions[0], "image-puller": decisions[1]}
+    if not query:
+        audited = post_json(app, "/mutate", review(obj)).json()["response"].get("auditAnnotations", {})
+        assert {kind: entry["decisions"][kind] for kind in audited} == audited
+        assert all(v.startswith("skipped(") for k, v in entry["decisions"].items() if k not in audited)
+    label = f"{entry['kind']}/{entry['name']}"
+    for output in ("yaml", "patch", "diff", "json"):
+        answer = call(
+            app,
+            "POST",
+            f"/preview{query}{'&' if query else '?'}output={output}",
+            orjson.dumps(obj),
+            content_type="application/json",
+        )
+        assert answer.headers.get_list("copilot-webhook-decision") == [
+            f"{label}: ptrace={decisions[0]};image-puller={decisions[1]}"
+        ]
+
+
+def test_objects_that_are_not_pod_creates_name_why_nothing_was_decided() -> None:
+    update = review(yaml.safe_load(POD_YAML), operation="UPDATE")
+    assert _preview(orjson.dumps(update), "application/json").json()["decisions"] == {
+        "ptrace": "skipped(not-pod-create)",
+        "image-puller": "skipped(not-pod-create)",
+    }
+    bundle = _preview(
+        orjson.dumps({"apiVersion": "v1", "kind": "List", "items": [SERVICE, yaml.safe_load(POD_YAML)]}),
+        "application/json",
+    )
+    assert bundle.json()[0]["decisions"] == {
+        "ptrace": "skipped(no-pod-template)",
+        "image-puller": "skipped(no-pod-template)",
+    }
+    assert bundle.headers.get_list("copilot-webhook-decision") == [
+        "Service/web: ptrace=skipped(no-pod-template);image-puller=skipped(no-pod-template)",
+        "Pod/bq2m4-n1-0: ptrace=add:primary;image-puller=containerd:/run/containerd/containerd.sock",
+    ]
+
+
+def test_decision_headers_stop_at_4_kib_of_text_and_say_how_many_were_left_out() -> None:
+    items = [{**SERVICE, "metadata": {"name": f"s{i:03}"}} for i in range(100)]
+    answer = _preview(orjson.dumps({"apiVersion": "v1", "kind": "List", "items": items}), "application/json")
+    *kept, last = answer.headers.get_list("copilot-webhook-decision")
+    assert kept[0] == "Service/s000: ptrace=skipped(no-pod-template);image-puller=skipped(no-pod-template)"
+    assert 4096 - len(kept[0]) < sum(len(h) for h in kept) <= 4096
+    assert last == f"{100 - len(kept)} more object(s) left out; output=json has each one's decisions"
 
 
 @pytest.mark.parametrize(

@@ -152,19 +152,22 @@ def _preview(args: argparse.Namespace, settings: Settings) -> int:
     }
     try:
         query = PreviewQuery.of({k: v for k, v in options.items() if v})
-        content, _ = preview(body, content_type, query, settings=settings)
+        content, media_type = preview(body, content_type, query, settings=settings)
     except RequestError as exc:
         print(f"copilot-webhook: {args.filename}: {exc.message}", file=sys.stderr)
         return EXIT_USAGE
     sys.stdout.buffer.write(content if content.endswith(b"\n") or not content else content + b"\n")
     sys.stdout.flush()
-    notes = content.notes
-    _say(notes)
+    notes = media_type.notes
+    _say(notes, decisions=args.output != "json")
     return PREVIEW_REFUSED if notes.refusals else PREVIEW_CHANGES if notes.changed else EXIT_OK
 
 
-def _say(notes: Notes) -> None:
-    """A preview's notes on stderr, as kubectl writes an answer's warnings."""
+def _say(notes: Notes, *, decisions: bool) -> None:
+    """A preview's notes on stderr, warnings as kubectl writes an answer's; the decisions only where the
+    answer does not hold them (JSON does)."""
+    for decision in notes.decisions if decisions else ():
+        print(f"# {decision}", file=sys.stderr)
     for refusal in notes.refusals:
         print(f"copilot-webhook: {refusal}", file=sys.stderr)
     for warning in notes.warnings:

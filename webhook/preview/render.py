@@ -22,7 +22,7 @@ from webhook.config import FLAVOURS, LEVELS, Flavour, PodSecurityLevel, Settings
 from webhook.documents import decode_text, load_json_document, load_yaml_documents
 from webhook.errors import DocumentError, RequestError
 from webhook.mutation.facts import Facts, RequestFacts
-from webhook.mutation.plan import KINDS, Plan
+from webhook.mutation.plan import KINDS, PTRACE, Plan
 from webhook.mutation.pod import type_name
 from webhook.mutation.pointer import Operation
 from webhook.objects import JSONObject
@@ -44,7 +44,7 @@ TEMPLATE_PATHS: dict[str, tuple[str, ...]] = {
     "Job": ("spec", "template"),
     "CronJob": ("spec", "jobTemplate", "spec", "template"),
 }
-PASSED_THROUGH = "no pod template"  # the runtime's source for an object passed through unchanged
+PASSED_THROUGH = "skipped(no-pod-template)"  # the decisions on an object passed through unchanged
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 # A named alias, so that the OpenAPI description has one Output schema for the parameter.
@@ -160,6 +160,7 @@ def _entry(kind: str, obj: JSONObject, decided: Plan | None, *, prefix: str, set
         "kind": kind,
         "name": _name(obj),
         "allowed": verdict.allowed,
+        "decisions": _decisions(decided),
         "patch": patch,
         "object": mutated,
         "changes": reasons if applied else [],
@@ -193,6 +194,7 @@ class PreviewEntry(TypedDict):
     kind: str
     name: str
     allowed: bool
+    decisions: dict[str, str]  # per kind of mutation, as /mutate's audit annotation says it, or why none
     patch: list[Operation]
     object: JSONObject  # the object as it would be admitted: any JSON object
     changes: list[ChangeAnswer]  # one per operation of `patch`, in its order
@@ -211,12 +213,13 @@ def _passed_through(kind: str, obj: JSONObject) -> PreviewEntry:
         "kind": kind,
         "name": _name(obj),
         "allowed": True,
+        "decisions": dict.fromkeys(KINDS, PASSED_THROUGH),
         "patch": [],
         "object": obj,
         "changes": [],
         "notApplied": [],
         "warnings": [],
-        "runtime": {"flavour": None, "socket": None, "source": PASSED_THROUGH},
+        "runtime": {"flavour": None, "socket": None, "source": "no pod template"},
         "_before": obj,
         "_warnings": [],
         "_refusal": None,
@@ -233,6 +236,18 @@ def _nothing_applies(entries: list[PreviewEntry]) -> None:
         )
         entry["warnings"].append(note)
         entry["_warnings"].append(note)
+
+
+def _decisions(decided: Plan | None) -> dict[str, str]:
+    """What /mutate's audit annotations say for each kind (`add:none(native-sidecar)`); where they say nothing,
+    `skipped(<reason>)`, the reason as the skips metric names it, or `skipped(not-pod-create)`."""
+    if decided is None:
+        return dict.fromkeys(KINDS, "skipped(not-pod-create)")
+    decisions: dict[str, str] = {}
+    for kind in KINDS:
+        outcome = decided.outcomes.get(kind)
+        decisions[kind] = decided.audit.get(kind) or f"skipped({outcome.reason if outcome else 'undecided'})"
+    return decisions
 
 
 def _runtime(decided: Plan | None) -> RuntimeAnswer:
@@ -377,31 +392,36 @@ def _label(entry: PreviewEntry) -> str:
 class Notes(NamedTuple):
     """What a preview says beside its body, whatever the output: the command line writes it to stderr,
     POST /preview into headers. A warning names its object only when the answer holds several (one object's
-    read as the API server sends them); a refusal always does. Each line once, in the objects' order."""
+    read as the API server sends them); a refusal and a decision always do. Each line once, in the objects'
+    order."""
 
     warnings: tuple[str, ...]
     refusals: tuple[str, ...]
+    decisions: tuple[str, ...]  # `Pod/x: ptrace=add:primary;image-puller=...`, one per object
     changed: bool  # some object's patch has operations
 
 
 def notes_of(entries: Sequence[PreviewEntry], as_list: bool) -> Notes:
     warnings = [f"{_label(e)}: {w}" if as_list else w for e in entries for w in e["_warnings"]]
     refusals = [f"{_label(e)} would be refused: {e['_refusal']}" for e in entries if e["_refusal"] is not None]
+    decisions = [f"{_label(e)}: {';'.join(f'{k}={v}' for k, v in e['decisions'].items())}" for e in entries]
     changed = any(e["patch"] for e in entries)
-    return Notes(tuple(dict.fromkeys(warnings)), tuple(dict.fromkeys(refusals)), changed)
+    return Notes(
+        tuple(dict.fromkeys(warnings)), tuple(dict.fromkeys(refusals)), tuple(dict.fromkeys(decisions)), changed
+    )
 
 
-class Answer(bytes):
-    """A preview's body, and its notes. A bytes, so that it goes wherever a body goes (the worker's pipe
-    pickles it, notes included)."""
+class MediaType(str):
+    """An answer's content type, and the notes said beside its body. A str, so that it goes wherever the
+    content type goes (the worker's pipe pickles it, notes included) and the body stays plain bytes."""
 
     notes: Notes
 
     @classmethod
-    def of(cls, content: bytes, notes: Notes) -> Answer:
-        answer = cls(content)
-        answer.notes = notes
-        return answer
+    def of(cls, media_type: str, notes: Notes) -> MediaType:
+        typed = cls(media_type)
+        typed.notes = notes
+        return typed
 
 
 def preview(
@@ -411,13 +431,13 @@ def preview(
     *,
     settings: Settings,
     namespaces: NamespaceFacts = no_cluster,
-) -> tuple[Answer, str]:
-    """The answer's body with its notes, and its content type."""
+) -> tuple[bytes, MediaType]:
+    """The answer's body, and its content type with its notes."""
     docs = load_documents(body, content_type)
     objects = list(_objects(docs))
     entries = [preview_one(where, obj, settings, query=query, namespaces=namespaces) for where, obj in objects]
-    if all(e["runtime"]["source"] == PASSED_THROUGH for e in entries):
+    if all(e["decisions"][PTRACE] == PASSED_THROUGH for e in entries):
         _nothing_applies(entries)
     as_list = len(docs) > 1 or len(objects) != 1 or any(_is_list(d) for d in docs)
     content, media_type = render(entries, query.output, as_list)
-    return Answer.of(content, notes_of(entries, as_list)), media_type
+    return content, MediaType.of(media_type, notes_of(entries, as_list))

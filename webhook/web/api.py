@@ -13,6 +13,7 @@ gate admitted through a dependency. Errors keep the API's `{"error": "..."}` for
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Annotated
 
 from fastapi import Depends, FastAPI, Query, Request
@@ -25,43 +26,58 @@ from starlette.exceptions import HTTPException
 from webhook import __version__
 from webhook.errors import RequestError
 from webhook.objects import JSONObject
-from webhook.preview.render import Answer, Notes, PreviewQuery, query_error
+from webhook.preview.render import MediaType, Notes, PreviewQuery, query_error
 from webhook.web.middleware import Admitted, admitted, error_response
 
 PATHS = ("/preview", "/openapi.json", "/docs", "/docs/oauth2-redirect")
 STATIC = "/static-offline-docs/"
 
 PREVIEW_ANSWER = (
-    "JSON (per object: patch, object, changes with reasons, notApplied, warnings, runtime), YAML, a JSON Patch "
-    'or a unified diff, per `output`; in every form a `Warning: 299 - "..."` header per warning and per refusal'
+    "JSON (per object: decisions, patch, object, changes with reasons, notApplied, warnings, runtime), YAML, a "
+    'JSON Patch or a unified diff, per `output`; in every form a `Warning: 299 - "..."` header per warning and '
+    "per refusal, and a `Copilot-Webhook-Decision` header per object"
 )
 
 
-WARNING_BUDGET = 4096  # characters of warning text in one answer's headers, as kube-apiserver bounds them
+HEADER_BUDGET = 4096  # characters of text in one answer's Warning headers, as kube-apiserver bounds them,
+# and as many again in its Copilot-Webhook-Decision headers
+DECISION_HEADER = b"copilot-webhook-decision"
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _plain(text: str) -> str:
+    return _CONTROL.sub(" ", text)  # no header may hold a control character
 
 
 def warning_header(text: str) -> bytes:
     """RFC 7234's `299 - "text"`, as kube-apiserver writes it: UTF-8, `"` and `\\` escaped; a control
-    character (which no header may hold) becomes a space."""
-    quoted = _CONTROL.sub(" ", text).replace("\\", "\\\\").replace('"', '\\"')
+    character becomes a space."""
+    quoted = _plain(text).replace("\\", "\\\\").replace('"', '\\"')
     return f'299 - "{quoted}"'.encode()
 
 
-def warning_headers(notes: Notes) -> list[tuple[bytes, bytes]]:
-    """A Warning header per refusal, then per warning, up to WARNING_BUDGET characters of text; one more
-    says how many were left out (the JSON answer has them all)."""
-    texts = list(notes.refusals) + list(notes.warnings)
+def _budgeted(texts: Sequence[str], left_out: str) -> list[str]:
+    """The texts up to HEADER_BUDGET characters; then `left_out`, with how many were left out."""
     kept: list[str] = []
     used = 0
     for text in texts:
-        if used + len(text) > WARNING_BUDGET:
-            break
+        if used + len(text) > HEADER_BUDGET:
+            return [*kept, left_out.format(len(texts) - len(kept))]
         kept.append(text)
         used += len(text)
-    if len(kept) < len(texts):
-        kept.append(f"copilot-webhook: {len(texts) - len(kept)} more warning(s) left out; output=json has them all")
-    return [(b"warning", warning_header(text)) for text in kept]
+    return kept
+
+
+def notes_headers(notes: Notes) -> list[tuple[bytes, bytes]]:
+    """A Warning header per refusal, then per warning, and a Copilot-Webhook-Decision header per object, each
+    kind within HEADER_BUDGET (the JSON answer has them all)."""
+    warnings = _budgeted(
+        [*notes.refusals, *notes.warnings], "copilot-webhook: {} more warning(s) left out; output=json has them all"
+    )
+    decisions = _budgeted(notes.decisions, "{} more object(s) left out; output=json has each one's decisions")
+    return [(b"warning", warning_header(text)) for text in warnings] + [
+        (DECISION_HEADER, _plain(text).encode()) for text in decisions
+    ]
 
 
 def _invalid(request: Request, exc: Exception) -> JSONResponse:
@@ -136,8 +152,8 @@ def build() -> FastAPI:
     ) -> Response:
         content, content_type = await entry.run(query)
         response = Response(content, media_type=content_type)
-        if isinstance(content, Answer):
-            response.raw_headers.extend(warning_headers(content.notes))
+        if isinstance(content_type, MediaType):
+            response.raw_headers.extend(notes_headers(content_type.notes))
         return response
 
     def openapi() -> JSONObject:
