@@ -43,6 +43,8 @@ def test_the_openapi_description_covers_the_whole_api() -> None:
     review = spec["paths"]["/mutate/ptrace"]["post"]["requestBody"]["content"]["application/json"]["schema"]
     assert review == {"$ref": "#/components/schemas/AdmissionReview"}
     assert schemas["AdmissionReview"]["properties"]["request"]["required"] == ["uid"]
+    answered = spec["paths"]["/preview"]["post"]["responses"]["200"]
+    assert set(answered["headers"]) == {"Warning", "Copilot-Webhook-Decision"}
 
 
 def test_preview_keeps_its_error_contract_under_fastapi() -> None:

@@ -125,7 +125,19 @@ def build() -> FastAPI:
         summary="What the webhook would do to an object, without creating it",
         response_class=Response,
         responses={
-            200: {"description": PREVIEW_ANSWER},
+            200: {
+                "description": PREVIEW_ANSWER,
+                "headers": {
+                    "Warning": {
+                        "description": 'One per warning and per refusal, as kube-apiserver sends them: 299 - "text"',
+                        "schema": {"type": "string"},
+                    },
+                    "Copilot-Webhook-Decision": {
+                        "description": "One per object: Kind/name: ptrace=<decision>;image-puller=<decision>",
+                        "schema": {"type": "string"},
+                    },
+                },
+            },
             400: {"description": "Not a Pod, workload, AdmissionReview or List; or a bad query parameter"},
             404: {"description": "preview.enabled is false"},
             408: {"description": "The body did not arrive within server.deadlineSeconds"},
