@@ -79,7 +79,7 @@ flyte-pods: $(BIN)/copilot-webhook
 	$(BIN)/python -m scripts.flyte_source
 
 clean:
-	rm -rf $(VENV) $(CERTS) .mypy_cache .ruff_cache .pytest_cache .hypothesis
+	rm -rf $(VENV) $(CERTS) .mypy_cache .ruff_cache .pytest_cache .hypothesis mutants
 
 # Pod creation through the real kube-apiserver at 50 and 200 pods/s with no webhook, ours (installed by the
 # chart) and go-floor (registered the same way), side by side: make bench-pods ANCHORS=<dir with go-floor/>.
@@ -95,3 +95,15 @@ SOAK_SECONDS ?= 180
 .PHONY: soak
 soak: $(BIN)/copilot-webhook
 	$(BIN)/python bench/soak.py --seconds $(SOAK_SECONDS)
+
+# Mutation testing of the decision core, webhook/mutation/ (docs/testing.md): each mutant against the fast
+# in-process tests that reach the function it changes ([tool.mutmut] in pyproject.toml). Slow, so not part of
+# `make test`; it prints the score and every mutant not killed. Verdicts are kept in mutants/: a second run
+# tests only the mutants of functions changed since; after a test changes, name the mutants it should kill
+# (.venv/bin/mutmut run <name>...) or start afresh (rm -rf mutants). The tests it runs skip nothing, and CI's
+# rule for skips (tests/skips.py) judges the whole suite, so CI is unset.
+MUTATION_CHILDREN ?= 2
+.PHONY: mutation
+mutation: $(BIN)/copilot-webhook
+	env -u CI nice -n 10 $(BIN)/mutmut run --max-children $(MUTATION_CHILDREN)
+	$(BIN)/python -m scripts.mutation_score
