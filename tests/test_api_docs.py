@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from tests.asgi import call
 from tests.daemons import require
@@ -20,6 +21,7 @@ from webhook.web.server import WebhookApp
 
 APP = WebhookApp(build_settings({}))
 POD_YAML = (PODS / "flyte-1.15-bare.yaml").read_bytes()
+YAML_BODY = {"Content-Type": "application/yaml"}
 
 
 def _openapi() -> dict[str, Any]:
@@ -122,3 +124,19 @@ def test_docs_render_in_a_headless_browser_without_network(served: Server, tmp_p
     rendered = set(re.findall(r'data-path="([^"]+)"', dom))
     assert {"/preview", "/mutate", "/mutate/ptrace", "/mutate/image-puller", "/healthz"} <= rendered, dom[:2000]
     assert "copilot-webhook" in dom
+
+
+def test_a_served_preview_sends_its_warning_and_decision_headers_as_utf_8(served: Server) -> None:
+    """Through the real server: a warning cut at 120 characters ends with an ellipsis, which no latin-1
+    header could carry."""
+    pod = yaml.safe_load(POD_YAML)
+    pod["metadata"]["annotations"] = {"primary_container_name": "é" * 200}
+    with served.client() as client:
+        answer = client.post("/preview?output=patch", content=yaml.safe_dump(pod), headers=YAML_BODY)
+    assert answer.status_code == 200
+    (warning,) = answer.headers.get_list("warning")
+    assert warning.startswith('299 - "copilot-webhook: left unchanged, cannot decide: primary_container_name')
+    assert warning.endswith('é…"')
+    assert answer.headers.get_list("copilot-webhook-decision") == [
+        "Pod/bq2m4-n1-0: ptrace=skipped(undecided);image-puller=containerd:/run/containerd/containerd.sock"
+    ]
