@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 from typing import Any
 
 import pytest
@@ -130,6 +131,9 @@ def test_psa_restricted_namespace_gets_no_ptrace() -> None:
     ("mutate", "message"),
     [
         (lambda p: p.update(spec=[]), "pod.spec must be an object, not array"),
+        (lambda p: p.update(spec=None), "pod.spec must be an object, not null"),
+        # YAML sent to /preview reads `2024-01-01` as a date, a type JSON has no name for
+        (lambda p: p.update(spec=datetime.date(2024, 1, 1)), "pod.spec must be an object, not date$"),
         (lambda p: p["spec"].update(containers={}), "pod.spec.containers must be an array, not object"),
         (lambda p: p["spec"].pop("containers"), "pod.spec.containers is required"),
         (lambda p: p["spec"]["containers"].append("x"), r"pod.spec.containers\[2\] must be an object, not string"),

@@ -56,6 +56,13 @@ def _expr(key: str, operator: str, *values: str) -> dict[str, Any]:
         ),
         ([{"matchExpressions": [_expr("zone", "In", "z1"), _expr("pool", "DoesNotExist")]}], ["c"]),
         ([{}], []),  # an empty term matches no node
+        # Gt and Lt are strict, and a node without the label matches neither
+        ([{"matchExpressions": [_expr("gpus", "Gt", "4")]}], []),
+        ([{"matchExpressions": [_expr("gpus", "Lt", "0")]}], []),
+        ([{"matchExpressions": [_expr("pool", "Lt", "100")]}], []),
+        # In: values no node carries select nothing, and do not stop the others from selecting
+        ([{"matchExpressions": [_expr("zone", "In", "z9")]}], []),
+        ([{"matchExpressions": [_expr("zone", "In", "z9", "z2")]}], ["b"]),
     ],
 )
 def test_every_operator_selects_the_nodes_the_scheduler_would(terms: list[dict[str, Any]], expected: list[str]) -> None:
@@ -73,12 +80,39 @@ def test_a_node_selector_and_affinity_both_apply() -> None:
         (_expr("zone", "Near", "z1"), "operator 'Near' is not one of"),
         ({"operator": "Exists"}, "must be an object with a string key"),
         ({"key": "zone", "operator": "In", "values": "z1"}, "values must be an array of strings"),
+        (_expr("gpus", "Gt", "1", "2"), "operator 'Gt' is not one of"),
+        (_expr("gpus", "Lt"), "operator 'Lt' is not one of"),
+        ({"key": "zone", "operator": ["In"], "values": ["z1"]}, r"operator \['In'\] is not one of"),
     ],
 )
 def test_a_malformed_requirement_is_named(expr: dict[str, Any], message: str) -> None:
     pod = _pod({"matchExpressions": [_expr("zone", "Exists"), expr]})
     with pytest.raises(PodShapeError, match=message):
         candidate_nodes(read_pod(pod), NODES)
+
+
+@pytest.mark.parametrize(
+    ("terms", "message"),
+    [
+        (["zone"], r"nodeSelectorTerms\[0\] must be an object$"),
+        (
+            [{"matchExpressions": _expr("zone", "Exists")}],
+            r"nodeSelectorTerms\[0\].matchExpressions and matchFields must be arrays",
+        ),
+        (
+            [{}, {"matchExpressions": [_expr("zone", "Exists"), {"key": "zone", "operator": "In", "values": "z1"}]}],
+            r"nodeSelectorTerms\[1\].matchExpressions\[1\].values must be an array of strings",
+        ),
+        (
+            [{"matchFields": [{"key": "metadata.name", "operator": "Near"}]}],
+            r"nodeSelectorTerms\[0\].matchFields\[0\].operator 'Near' is not one of",
+        ),
+    ],
+)
+def test_an_unreadable_term_is_named_by_its_place_in_the_pod(terms: list[Any], message: str) -> None:
+    """What /preview answers (400) and what the warning of an undecidable pod says: the field at fault."""
+    with pytest.raises(PodShapeError, match=r"^spec.affinity.nodeAffinity.requiredDuringScheduling\w*." + message):
+        candidate_nodes(read_pod(_pod(*terms)), NODES)
 
 
 def _memo(snapshot: Any) -> dict[Any, Any]:
