@@ -202,6 +202,9 @@ def test_a_downloader_alone_gets_no_capability() -> None:
         ({"labels": {"execution-id": "e"}}, False),
         ({"ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "x"}]}, False),
         ({"ownerReferences": "junk"}, False),
+        # what the API server would refuse after admission is read as no owner, never a failed review
+        ({"ownerReferences": ["flyte.lyft.com/v1alpha1"]}, False),
+        ({"ownerReferences": [{"apiVersion": 1, "kind": "FlyteWorkflow", "name": "x"}]}, False),
     ],
 )
 def test_flyte_owned_pods_get_drop_without_a_copilot(metadata: dict[str, Any], owned: bool) -> None:

@@ -8,10 +8,12 @@ from typing import Any
 
 import pytest
 
+from webhook.cluster.nodes import project_node
 from webhook.config import build_settings
-from webhook.mutation.facts import Facts, RequestFacts, cluster_facts
-from webhook.mutation.plan import KINDS, Plan, plan
+from webhook.mutation.facts import Facts, NodeFacts, RequestFacts, cluster_facts
+from webhook.mutation.plan import KINDS, PULLER, Plan, plan
 from webhook.mutation.pointer import join
+from webhook.mutation.runtime import MICROK8S_SOCKET
 from webhook.web.metrics import Metrics
 
 FLYTE_IMAGE = "cr.flyte.org/flyteorg/flytecopilot:v1.15.0"
@@ -68,3 +70,44 @@ def test_an_opted_out_pod_is_counted_as_skipped_for_each_kind(
     for kind in KINDS:
         assert f'copilot_webhook_skips_total{{kind="{kind}",reason="{reason}"}} 1.0' in scraped
     assert "copilot_webhook_mutations_total{" not in scraped
+
+
+def _puller_plan(pod: dict[str, Any], nodes: dict[str, Any], **settings: Any) -> Plan:
+    facts = Facts(RequestFacts("ns"), cluster_facts({}, nodes))
+    return plan(pod, facts, build_settings(settings), kinds=(PULLER,))
+
+
+def _node(name: str, runtime: str, labels: dict[str, str]) -> NodeFacts:
+    """A node as the node cache holds it: projected from the API server's object, its labels shared."""
+    metadata = {"name": name, "labels": labels}
+    return project_node({"metadata": metadata, "status": {"nodeInfo": {"containerRuntimeVersion": runtime}}})
+
+
+@pytest.mark.parametrize(
+    ("labels", "socket"),
+    [
+        ({"kubernetes.io/hostname": "n1", "zone": "b"}, "containerd:/run/containerd/containerd.sock"),
+        ({"node.kubernetes.io/microk8s-worker": "microk8s-worker"}, "containerd:" + MICROK8S_SOCKET),
+    ],
+)
+def test_the_puller_uses_the_socket_of_the_distribution_the_cached_node_runs(
+    labels: dict[str, str], socket: str
+) -> None:
+    decided = _puller_plan(_pod(), {"n1": _node("n1", "containerd://1.7.11", labels)})
+    assert decided.audit == {PULLER: socket}
+    puller = next(c.op["value"] for c in decided.changes if c.op["path"] == "/spec/initContainers")[0]
+    assert f"--socket={socket.partition(':')[2]}" in puller["args"]
+
+
+def test_a_pinned_pod_is_told_why_each_requirement_was_added() -> None:
+    """/preview lists every operation with its reason; a pin names the runtime it pins to."""
+    nodes = {
+        "n1": _node("n1", "containerd://1.7.11", {}),
+        "n2": _node("n2", "containerd://1.7.11", {}),
+        "d1": _node("d1", "docker://24.0.7", {}),
+    }
+    decided = _puller_plan(_pod(), nodes, imagePuller={"heterogeneous": "pin"})
+    pins = [c for c in decided.changes if c.op["path"].startswith("/spec/affinity")]
+    assert [(c.op["path"], c.reason) for c in pins] == [
+        ("/spec/affinity", "pin the pod to containerd nodes: the puller speaks containerd")
+    ]
