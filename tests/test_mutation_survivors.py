@@ -11,7 +11,7 @@ import pytest
 from webhook.cluster.nodes import project_node
 from webhook.config import build_settings
 from webhook.mutation.facts import Facts, NodeFacts, RequestFacts, cluster_facts
-from webhook.mutation.plan import KINDS, PULLER, Plan, plan
+from webhook.mutation.plan import KINDS, PTRACE, PULLER, Plan, plan
 from webhook.mutation.pointer import join
 from webhook.mutation.runtime import MICROK8S_SOCKET
 from webhook.web.metrics import Metrics
@@ -37,6 +37,10 @@ def _pod(*containers: dict[str, Any], annotations: dict[str, str] | None = None,
 
 def _plan(pod: dict[str, Any], labels: dict[str, str] | None = None, **settings: Any) -> Plan:
     return plan(pod, Facts(RequestFacts("ns"), cluster_facts(labels)), build_settings(settings))
+
+
+def _ptrace(pod: dict[str, Any], **settings: Any) -> Plan:
+    return plan(pod, Facts(RequestFacts("ns")), build_settings(settings), kinds=(PTRACE,))
 
 
 def _scraped(decided: Plan) -> str:
@@ -111,3 +115,98 @@ def test_a_pinned_pod_is_told_why_each_requirement_was_added() -> None:
     assert [(c.op["path"], c.reason) for c in pins] == [
         ("/spec/affinity", "pin the pod to containerd nodes: the puller speaks containerd")
     ]
+
+
+def _reasons(decided: Plan) -> list[tuple[str, str]]:
+    """Each operation's path and reason, as /preview lists them."""
+    return [(c.op["path"], c.reason) for c in decided.changes]
+
+
+PTRACE_ADDED = {"securityContext": {"capabilities": {"add": ["SYS_PTRACE"]}}}
+
+
+@pytest.mark.parametrize(
+    ("ptrace", "primary", "expected"),
+    [
+        (
+            {"target": "primary"},
+            PRIMARY,
+            [
+                (
+                    "/spec/containers/0/securityContext",
+                    "main: the primary container gets SYS_PTRACE (ptrace.target primary)",
+                ),
+                ("/spec/shareProcessNamespace", "the copilot watches the primary process"),
+            ],
+        ),
+        (
+            {"target": "sidecar"},
+            {**PRIMARY, **PTRACE_ADDED},
+            [
+                (
+                    "/spec/containers/1/securityContext",
+                    "flyte-copilot-uploader: the copilot watcher gets SYS_PTRACE (ptrace.target sidecar)",
+                ),
+                (
+                    "/spec/containers/0/securityContext/capabilities/add/0",
+                    "main: ptrace.target sidecar grants SYS_PTRACE to the copilot watcher alone",
+                ),
+                ("/spec/shareProcessNamespace", "the copilot watches the primary process"),
+            ],
+        ),
+        (
+            {"mode": "drop"},
+            {**PRIMARY, **PTRACE_ADDED},
+            [("/spec/containers/0/securityContext/capabilities/add/0", "main: ptrace.mode drop removes SYS_PTRACE")],
+        ),
+    ],
+)
+def test_each_ptrace_operation_is_listed_with_why(
+    ptrace: dict[str, str], primary: dict[str, Any], expected: list[tuple[str, str]]
+) -> None:
+    decided = _ptrace(_pod(primary, UPLOADER), ptrace=ptrace)
+    assert _reasons(decided)[:-1] == expected  # the last records what the webhook did
+
+
+@pytest.mark.parametrize(
+    ("containers", "undecided"),
+    [
+        # the uploader names no directory after its flag: no data volume, so no primary
+        (
+            ({**PRIMARY}, {**UPLOADER, "args": ["sidecar", "--from-local-dir"]}),
+            "no single primary container: mounting the copilot's volumes: none",
+        ),
+        # two regular containers mount the data volume; their names are cut to keep the warning short
+        (
+            ({**PRIMARY, "name": "m" * 40}, {**PRIMARY, "name": "n" * 40}, UPLOADER),
+            "no single primary container: mounting the copilot's volumes: " + "m" * 40 + ", " + "n" * 18,
+        ),
+    ],
+)
+def test_a_pod_without_a_single_primary_is_undecided_and_says_why(
+    containers: tuple[dict[str, Any], ...], undecided: str
+) -> None:
+    decided = _ptrace(_pod(*containers), ptrace={"target": "primary"})
+    assert decided.undecided == undecided
+    assert decided.changes == []
+
+
+def test_a_downloader_without_arguments_does_not_hide_the_uploaders_data_volume() -> None:
+    pod = _pod(PRIMARY, UPLOADER)
+    pod["spec"]["initContainers"] = [{"name": "flyte-copilot-downloader", "image": FLYTE_IMAGE}]
+    decided = _ptrace(pod, ptrace={"target": "primary"})
+    assert decided.undecided is None
+    assert (
+        "/spec/containers/0/securityContext",
+        "main: the primary container gets SYS_PTRACE (ptrace.target primary)",
+    ) in (_reasons(decided))
+
+
+def test_an_uploader_run_as_a_plain_init_container_is_no_native_sidecar() -> None:
+    """Only an init container with restartPolicy Always is the native sidecar of Flyte 1.16; the audit
+    annotation says which reason left the pod without SYS_PTRACE."""
+    pod = _pod(PRIMARY)
+    pod["spec"]["initContainers"] = [dict(UPLOADER)]
+    assert _ptrace(pod).audit[PTRACE] == "add:none(no-watcher)"
+    pod["spec"]["initContainers"][0]["restartPolicy"] = "Always"
+    assert _ptrace(pod).audit[PTRACE] == "add:none(native-sidecar)"
