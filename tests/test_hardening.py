@@ -162,7 +162,7 @@ def test_the_largest_preview_fits_in_the_preview_timeout(output: str) -> None:
     body = orjson.dumps({"apiVersion": "v1", "kind": "List", "items": [flyte] * count})
     assert len(body) <= build_settings({}).preview.max_body_bytes
     started = time.process_time()
-    answer, _ = preview(body, "application/json", PreviewQuery.of({"output": output}), settings=build_settings({}))
+    answer = preview(body, "application/json", PreviewQuery.of({"output": output}), settings=build_settings({})).content
     cpu = time.process_time() - started
     assert answer.count(b"\nkind: Pod\n" if output == "yaml" else b"\n+++ Pod/bq2m4-n1-0 (after)") == count
     timeout = build_settings({}).preview.timeout_seconds

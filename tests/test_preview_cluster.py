@@ -82,12 +82,12 @@ def test_a_worker_asking_for_nodes_answers_as_the_whole_table_does(served: Any, 
     assert remote.status_code == 200, remote.text
     snapshot = node_snapshot({n["metadata"]["name"]: project_node(n) for n in FLEET})
     params = dict(p.split("=", 1) for p in query.split("&") if p)
-    local, _ = preview(
+    local = preview(
         body,
         "application/json",
         PreviewQuery.of(params),
         settings=build_settings({}),
         namespaces=lambda _ns: ClusterFacts({}, snapshot, "synced"),
     )
-    assert remote.json() == orjson.loads(local)
+    assert remote.json() == orjson.loads(local.content)
     assert remote.json()["runtime"]  # the puller's decision is in the answer, whichever it is

@@ -152,13 +152,14 @@ def _preview(args: argparse.Namespace, settings: Settings) -> int:
     }
     try:
         query = PreviewQuery.of({k: v for k, v in options.items() if v})
-        content, media_type = preview(body, content_type, query, settings=settings)
+        previewed = preview(body, content_type, query, settings=settings)
     except RequestError as exc:
         print(f"copilot-webhook: {args.filename}: {exc.message}", file=sys.stderr)
         return EXIT_USAGE
+    content = previewed.content
     sys.stdout.buffer.write(content if content.endswith(b"\n") or not content else content + b"\n")
     sys.stdout.flush()
-    notes = media_type.notes
+    notes = previewed.notes
     _say(notes, decisions=args.output != "json")
     return PREVIEW_REFUSED if notes.refusals else PREVIEW_CHANGES if notes.changed else EXIT_OK
 

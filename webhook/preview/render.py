@@ -411,17 +411,13 @@ def notes_of(entries: Sequence[PreviewEntry], as_list: bool) -> Notes:
     )
 
 
-class MediaType(str):
-    """An answer's content type, and the notes said beside its body. A str, so that it goes wherever the
-    content type goes (the worker's pipe pickles it, notes included) and the body stays plain bytes."""
+class Previewed(NamedTuple):
+    """A preview's answer: its body, the body's media type, and the notes said beside it (plain data, so a
+    worker sends it whole through its pipe)."""
 
+    content: bytes
+    media_type: str
     notes: Notes
-
-    @classmethod
-    def of(cls, media_type: str, notes: Notes) -> MediaType:
-        typed = cls(media_type)
-        typed.notes = notes
-        return typed
 
 
 def preview(
@@ -431,8 +427,7 @@ def preview(
     *,
     settings: Settings,
     namespaces: NamespaceFacts = no_cluster,
-) -> tuple[bytes, MediaType]:
-    """The answer's body, and its content type with its notes."""
+) -> Previewed:
     docs = load_documents(body, content_type)
     objects = list(_objects(docs))
     entries = [preview_one(where, obj, settings, query=query, namespaces=namespaces) for where, obj in objects]
@@ -440,4 +435,4 @@ def preview(
         _nothing_applies(entries)
     as_list = len(docs) > 1 or len(objects) != 1 or any(_is_list(d) for d in docs)
     content, media_type = render(entries, query.output, as_list)
-    return content, MediaType.of(media_type, notes_of(entries, as_list))
+    return Previewed(content, media_type, notes_of(entries, as_list))

@@ -37,7 +37,7 @@ from typing import Any, NamedTuple
 from webhook.config import Settings
 from webhook.errors import PreviewFailed, RequestError
 from webhook.mutation.facts import NO_CLUSTER, NO_FACTS, ClusterFacts, ExportedFacts, NodeFacts, NodeSnapshot
-from webhook.preview.render import PreviewQuery
+from webhook.preview.render import Previewed, PreviewQuery
 from webhook.review import NamespaceFacts
 
 log = logging.getLogger(__name__)
@@ -128,7 +128,7 @@ class Worker:
         self.stop()
         return self._start()
 
-    def run(self, job: _Job, deadline: float, snapshot: NodeSnapshot | None = None) -> tuple[bytes, str]:
+    def run(self, job: _Job, deadline: float, snapshot: NodeSnapshot | None = None) -> Previewed:
         """The job's answer by `deadline` (time.monotonic()): PreviewFailed past it (the process killed),
         WorkerDied if the process dies first."""
         conn = self._live()
@@ -145,10 +145,11 @@ class Worker:
                     break
         except (EOFError, OSError):  # BrokenPipeError and ConnectionResetError included
             raise WorkerDied(taken, self.stop()) from None
-        status, first, second = message
+        status, result = message
         if status != 200:
-            raise PreviewFailed(status, first)
-        return first, second
+            raise PreviewFailed(status, result)
+        previewed: Previewed = result
+        return previewed
 
     def _next(self, conn: Connection, deadline: float, job: _Job) -> Any:
         if not conn.poll(max(0.0, deadline - time.monotonic())):
@@ -183,7 +184,7 @@ class Previewer:
 
     def run(
         self, worker: Worker, body: bytes, content_type: str, *, query: PreviewQuery, settings: Settings
-    ) -> tuple[bytes, str]:
+    ) -> Previewed:
         """The preview's answer from `worker`. A death of its process (not a timeout) runs the job once more,
         on a fresh process, by the same deadline; 422 when both processes had taken the job."""
         facts, snapshot = self._export()
@@ -293,12 +294,12 @@ def _serve(conn: Connection) -> None:
         except (EOFError, OSError):
             return  # the server is gone
         try:
-            content, content_type = render.preview(
+            previewed = render.preview(
                 job.body, job.content_type, job.query, settings=job.settings, namespaces=_lookup(job.facts, conn)
             )
-            conn.send((200, content, content_type))
+            conn.send((200, previewed))
         except RequestError as exc:
-            conn.send((exc.status, exc.message, ""))
+            conn.send((exc.status, exc.message))
         except Exception as exc:
             log.exception("preview failed")
-            conn.send((500, f"preview failed ({type(exc).__name__}); the server logged the details", ""))
+            conn.send((500, f"preview failed ({type(exc).__name__}); the server logged the details"))

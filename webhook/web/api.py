@@ -26,7 +26,7 @@ from starlette.exceptions import HTTPException
 from webhook import __version__
 from webhook.errors import RequestError
 from webhook.objects import JSONObject
-from webhook.preview.render import MediaType, Notes, PreviewQuery, query_error
+from webhook.preview.render import Notes, PreviewQuery, query_error
 from webhook.web.middleware import Admitted, admitted, error_response
 
 PATHS = ("/preview", "/openapi.json", "/docs", "/docs/oauth2-redirect")
@@ -162,10 +162,9 @@ def build() -> FastAPI:
     async def preview(
         query: Annotated[PreviewQuery, Query()], entry: Annotated[Admitted, Depends(admitted)]
     ) -> Response:
-        content, content_type = await entry.run(query)
-        response = Response(content, media_type=content_type)
-        if isinstance(content_type, MediaType):
-            response.raw_headers.extend(notes_headers(content_type.notes))
+        previewed = await entry.run(query)
+        response = Response(previewed.content, media_type=previewed.media_type)
+        response.raw_headers.extend(notes_headers(previewed.notes))
         return response
 
     def openapi() -> JSONObject:

@@ -27,7 +27,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from webhook.config import Settings
 from webhook.errors import PreviewFailed, RequestError
-from webhook.preview.render import PreviewQuery
+from webhook.preview.render import Previewed, PreviewQuery
 from webhook.preview.workers import Previewer, Worker
 from webhook.web.bodies import BodyDeadlines, media_type, read_body
 
@@ -56,8 +56,8 @@ class Admitted:
     previewer: Previewer
     waits: ThreadPoolExecutor  # threads that wait on the workers, so the event loop does not
 
-    async def run(self, query: PreviewQuery) -> tuple[bytes, str]:
-        """The preview's answer and its media type, computed in the reserved worker process."""
+    async def run(self, query: PreviewQuery) -> Previewed:
+        """The preview's answer, computed in the reserved worker process."""
         work = functools.partial(
             self.previewer.run, self.worker, self.body, self.content_type, query=query, settings=self.settings
         )
