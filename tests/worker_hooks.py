@@ -10,7 +10,7 @@ never anything in a request:
   `sleep` seconds (the file's number) at parse first, then take a `kill` token if there is one.
 
 Each worker writes `started` a line at start: its pid and how many live preview workers the server had then,
-itself included.
+itself included, not counting those listed in `others` (the workers of other servers in the same process).
 """
 
 from __future__ import annotations
@@ -62,6 +62,11 @@ def workers(parent: int) -> list[int]:
     return live
 
 
+def others(folder: str) -> set[int]:
+    path = Path(folder, "others")
+    return {int(pid) for pid in path.read_text().split()} if path.exists() else set()
+
+
 def _take(folder: str) -> bool:
     try:
         os.unlink(os.path.join(folder, "kill"))
@@ -80,7 +85,7 @@ def serve(point: str, folder: str, conn: Connection) -> None:
     from webhook.preview import workers as real
 
     with open(os.path.join(folder, "started"), "a") as out:
-        out.write(f"{os.getpid()} {len(workers(os.getppid()))}\n")
+        out.write(f"{os.getpid()} {len(set(workers(os.getppid())) - others(folder))}\n")
     load, diff = render.load_documents, render._diff
 
     def loading(body: bytes, content_type: str) -> list[Any]:
