@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import jsonpatch
 import pytest
 
 from webhook.cluster.nodes import project_node
@@ -159,6 +160,16 @@ PTRACE_ADDED = {"securityContext": {"capabilities": {"add": ["SYS_PTRACE"]}}}
             {**PRIMARY, **PTRACE_ADDED},
             [("/spec/containers/0/securityContext/capabilities/add/0", "main: ptrace.mode drop removes SYS_PTRACE")],
         ),
+        (
+            {"mode": "drop"},
+            {**PRIMARY, "securityContext": {"capabilities": {"add": ["ALL"]}}},
+            [
+                (
+                    "/spec/containers/0/securityContext/capabilities/drop",
+                    "main: adds ALL capabilities; SYS_PTRACE is dropped explicitly",
+                )
+            ],
+        ),
     ],
 )
 def test_each_ptrace_operation_is_listed_with_why(
@@ -210,3 +221,26 @@ def test_an_uploader_run_as_a_plain_init_container_is_no_native_sidecar() -> Non
     assert _ptrace(pod).audit[PTRACE] == "add:none(no-watcher)"
     pod["spec"]["initContainers"][0]["restartPolicy"] = "Always"
     assert _ptrace(pod).audit[PTRACE] == "add:none(native-sidecar)"
+
+
+def test_mutations_are_counted_by_what_was_applied() -> None:
+    nodes = {"n1": _node("n1", "containerd://1.7.11", {})}
+    decided = plan(_pod(), Facts(RequestFacts("ns"), cluster_facts({}, nodes)), build_settings({}))
+    assert decided.audit == {PTRACE: "add:primary", PULLER: "containerd:/run/containerd/containerd.sock"}
+    scraped = _scraped(decided)
+    assert 'copilot_webhook_mutations_total{kind="ptrace",mode="enforce",reason="add"} 1.0' in scraped
+    assert 'copilot_webhook_mutations_total{kind="image-puller",mode="enforce",reason="containerd"} 1.0' in scraped
+
+
+@pytest.mark.parametrize("socket", [None, "/run/containerd/a=b.sock"])
+def test_a_pod_reviewed_again_after_both_mutations_is_left_as_it_is(socket: str | None) -> None:
+    """The API server may call the webhooks again (reinvocationPolicy: IfNeeded): our own puller, recorded in
+    the mutated annotation, is ours, never a name clash, whatever the socket's path holds."""
+    settings = build_settings({"imagePuller": {"sockets": {"containerd": socket}}} if socket else {})
+    facts = Facts(RequestFacts("ns", runtime="containerd"))
+    pod = _pod()
+    first = plan(pod, facts, settings)
+    assert first.outcomes[PULLER].mutated
+    again = plan(jsonpatch.apply_patch(pod, [c.op for c in first.changes]), facts, settings)
+    assert (again.undecided, again.changes, again.warnings) == (None, [], [])
+    assert again.outcomes[PULLER].reason == "already-injected"
