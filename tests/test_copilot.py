@@ -144,6 +144,18 @@ def test_psa_restricted_namespace_gets_no_ptrace() -> None:
             lambda p: p["spec"]["containers"][0].update(securityContext={"capabilities": {"add": "SYS_PTRACE"}}),
             r"spec.containers\[0\].securityContext.capabilities.add must be an array of strings",
         ),
+        (
+            lambda p: p["spec"]["containers"][0].update(securityContext={"capabilities": {"drop": "ALL"}}),
+            r"spec.containers\[0\].securityContext.capabilities.drop must be an array of strings",
+        ),
+        (
+            lambda p: p["spec"]["containers"][0].update(securityContext={"capabilities": []}),
+            r"spec.containers\[0\].securityContext.capabilities must be an object, not array",
+        ),
+        (
+            lambda p: p["spec"]["containers"][0].update(securityContext="privileged"),
+            r"spec.containers\[0\].securityContext must be an object, not string",
+        ),
     ],
 )
 def test_unreadable_pods_are_named(mutate: Any, message: str) -> None:

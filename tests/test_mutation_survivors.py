@@ -244,3 +244,11 @@ def test_a_pod_reviewed_again_after_both_mutations_is_left_as_it_is(socket: str 
     again = plan(jsonpatch.apply_patch(pod, [c.op for c in first.changes]), facts, settings)
     assert (again.undecided, again.changes, again.warnings) == (None, [], [])
     assert again.outcomes[PULLER].reason == "already-injected"
+
+
+def test_the_mutated_annotation_keeps_what_others_wrote_there_after_ours() -> None:
+    """Parts another writer put in `copilot-webhook.io/mutated` stay, after ours; text that is no part is dropped."""
+    pod = _pod(annotations={"copilot-webhook.io/mutated": "zz=1;junk"})
+    decided = _ptrace(pod)
+    assert _reasons(decided)[-1] == ("/metadata/annotations/copilot-webhook.io~1mutated", "record what the webhook did")
+    assert decided.changes[-1].op["value"] == "ptrace=add:primary;zz=1"
