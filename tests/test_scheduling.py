@@ -157,3 +157,16 @@ def test_a_node_pools_runtimes_are_kept_per_snapshot_and_follow_every_change() -
     for i in range(MEMO_LIMIT + 10):
         assert runtime(many, {"own": f"v{i}"}) == f"containerd (node m{i})"
     assert len(_memo(many)) == MEMO_LIMIT
+
+
+def test_a_node_selector_on_the_hostname_selects_that_node_alone() -> None:
+    """The index answers a pair whose value is the node's own name without a posting of its own."""
+    nodes = node_snapshot(
+        {
+            name: NodeFacts("containerd", None, None, {"kubernetes.io/hostname": name, "zone": "z1"})
+            for name in ("n1", "n2", "n3")
+        }
+    )
+    pod = _pod(selector={"kubernetes.io/hostname": "n2", "zone": "z1"})
+    assert candidate_nodes(read_pod(pod), nodes) == ["n2"]
+    assert candidate_nodes(read_pod(_pod(selector={"kubernetes.io/hostname": "n2"})), nodes) == ["n2"]
