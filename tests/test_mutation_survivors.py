@@ -252,3 +252,20 @@ def test_the_mutated_annotation_keeps_what_others_wrote_there_after_ours() -> No
     decided = _ptrace(pod)
     assert _reasons(decided)[-1] == ("/metadata/annotations/copilot-webhook.io~1mutated", "record what the webhook did")
     assert decided.changes[-1].op["value"] == "ptrace=add:primary;zz=1"
+
+
+def test_a_pod_without_metadata_gains_it_with_the_mutated_annotation() -> None:
+    pod = _pod()
+    del pod["metadata"]
+    decided = _ptrace(pod)
+    assert _reasons(decided)[-1] == ("/metadata", "record what the webhook did")
+    assert decided.changes[-1].op["value"] == {"annotations": {"copilot-webhook.io/mutated": "ptrace=add:primary"}}
+
+
+def test_a_pod_annotated_with_the_clusters_own_mode_is_not_warned() -> None:
+    assert _ptrace(_pod(annotations={"copilot-webhook.io/ptrace": "add"})).warnings == []
+
+
+def test_an_unknown_ptrace_annotation_is_quoted_cut_to_20_characters() -> None:
+    decided = _ptrace(_pod(annotations={"copilot-webhook.io/ptrace": "a" * 30}))
+    assert decided.warnings == [f"copilot-webhook.io/ptrace={'a' * 20!r} ignored: expected add, drop or keep"]
