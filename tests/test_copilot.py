@@ -140,6 +140,7 @@ def test_psa_restricted_namespace_gets_no_ptrace() -> None:
         (lambda p: p["spec"]["containers"][0].pop("name"), r"pod.spec.containers\[0\].name must be a string"),
         (lambda p: p.update(metadata="x"), "pod.metadata must be an object"),
         (lambda p: p["metadata"].update(annotations={"a": 1}), "annotations values must be strings"),
+        (lambda p: p["metadata"].update(annotations="a=1"), "pod.metadata.annotations must be an object, not string"),
         (
             lambda p: p["spec"]["containers"][0].update(securityContext={"capabilities": {"add": "SYS_PTRACE"}}),
             r"spec.containers\[0\].securityContext.capabilities.add must be an array of strings",

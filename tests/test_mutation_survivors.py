@@ -269,3 +269,30 @@ def test_a_pod_annotated_with_the_clusters_own_mode_is_not_warned() -> None:
 def test_an_unknown_ptrace_annotation_is_quoted_cut_to_20_characters() -> None:
     decided = _ptrace(_pod(annotations={"copilot-webhook.io/ptrace": "a" * 30}))
     assert decided.warnings == [f"copilot-webhook.io/ptrace={'a' * 20!r} ignored: expected add, drop or keep"]
+
+
+@pytest.mark.parametrize(
+    ("level", "namespace", "expected"),
+    [
+        ("baseline", None, ["SYS_PTRACE not added: Pod Security 'baseline' (what-if) forbids it"]),
+        ("privileged", "restricted", []),
+    ],
+)
+def test_a_preview_asking_what_if_a_pod_security_level_is_in_force_gets_that_level(
+    level: str, namespace: str | None, expected: list[str]
+) -> None:
+    labels = {"pod-security.kubernetes.io/enforce": namespace} if namespace else None
+    facts = Facts(RequestFacts("ns", pod_security=level), cluster_facts(labels))
+    decided = plan(_pod(), facts, build_settings({}), kinds=(PTRACE,))
+    assert decided.warnings == expected
+    assert decided.outcomes[PTRACE].mutated is not expected
+
+
+def test_a_pod_undecided_for_both_kinds_is_told_both_reasons() -> None:
+    socket = {"name": "copilot-webhook-runtime-socket", "emptyDir": {}}
+    pod = _pod({**PRIMARY, "volumeMounts": []}, UPLOADER, volumes=[socket])
+    decided = plan(pod, Facts(RequestFacts("ns", runtime="containerd")), build_settings({}))
+    assert decided.undecided == (
+        "no single primary container: mounting the copilot's volumes: none; "
+        "the name copilot-webhook-runtime-socket is already used by the pod"
+    )
