@@ -11,6 +11,7 @@ import pytest
 
 from webhook.cluster.nodes import project_node
 from webhook.config import build_settings
+from webhook.mutation.errors import PodShapeError
 from webhook.mutation.facts import Facts, NodeFacts, RequestFacts, cluster_facts
 from webhook.mutation.plan import KINDS, PTRACE, PULLER, Plan, plan
 from webhook.mutation.pointer import join
@@ -296,3 +297,8 @@ def test_a_pod_undecided_for_both_kinds_is_told_both_reasons() -> None:
         "no single primary container: mounting the copilot's volumes: none; "
         "the name copilot-webhook-runtime-socket is already used by the pod"
     )
+
+
+def test_an_object_that_is_no_pod_is_a_bad_request_naming_its_type() -> None:
+    with pytest.raises(PodShapeError, match=r"^pod must be an object, not array$"):
+        _ptrace([])  # type: ignore[arg-type]
