@@ -73,16 +73,26 @@ def open_port(
     server, metrics_port = served
     if port == "admission":
         return server.connect(timeout, receive_buffer)
-    conn = socket.socket()
-    if receive_buffer is not None:
-        conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
-    conn.settimeout(timeout)
-    try:
-        conn.connect(("127.0.0.1", metrics_port))
-    except BaseException:
-        conn.close()
-        raise
-    return conn
+    # The metrics listener starts beside the admission port's, which is what readiness waits for: a refused
+    # connection is tried again until `timeout`.
+    deadline = time.monotonic() + timeout
+    while True:
+        conn = socket.socket()
+        if receive_buffer is not None:
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+        conn.settimeout(timeout)
+        try:
+            conn.connect(("127.0.0.1", metrics_port))
+        except ConnectionRefusedError:
+            conn.close()
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+            continue
+        except BaseException:
+            conn.close()
+            raise
+        return conn
 
 
 def status_kb(pid: int, field: str = "VmRSS") -> int:
