@@ -138,7 +138,7 @@ def test_psa_restricted_namespace_gets_no_ptrace() -> None:
         (lambda p: p["spec"].pop("containers"), "pod.spec.containers is required"),
         (lambda p: p["spec"]["containers"].append("x"), r"pod.spec.containers\[2\] must be an object, not string"),
         (lambda p: p["spec"]["containers"][0].pop("name"), r"pod.spec.containers\[0\].name must be a string"),
-        (lambda p: p.update(metadata="x"), "pod.metadata must be an object"),
+        (lambda p: p.update(metadata="x"), "pod.metadata must be an object, not string"),
         (lambda p: p["metadata"].update(annotations={"a": 1}), "annotations values must be strings"),
         (lambda p: p["metadata"].update(annotations="a=1"), "pod.metadata.annotations must be an object, not string"),
         (

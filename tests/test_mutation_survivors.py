@@ -255,8 +255,9 @@ def test_the_mutated_annotation_keeps_what_others_wrote_there_after_ours() -> No
     assert decided.changes[-1].op["value"] == "ptrace=add:primary;zz=1"
 
 
-def test_a_pod_without_metadata_gains_it_with_the_mutated_annotation() -> None:
+def test_a_pod_without_metadata_or_annotations_gains_them_with_the_mutated_annotation() -> None:
     pod = _pod()
+    assert _reasons(_ptrace(pod))[-1] == ("/metadata/annotations", "record what the webhook did")
     del pod["metadata"]
     decided = _ptrace(pod)
     assert _reasons(decided)[-1] == ("/metadata", "record what the webhook did")
