@@ -83,7 +83,7 @@ def _puller_plan(pod: dict[str, Any], nodes: dict[str, Any], **settings: Any) ->
     return plan(pod, facts, build_settings(settings), kinds=(PULLER,))
 
 
-def _node(name: str, runtime: str, labels: dict[str, str]) -> NodeFacts:
+def _node(name: str, runtime: str, labels: dict[str, Any]) -> NodeFacts:
     """A node as the node cache holds it: projected from the API server's object, its labels shared."""
     metadata = {"name": name, "labels": labels}
     return project_node({"metadata": metadata, "status": {"nodeInfo": {"containerRuntimeVersion": runtime}}})
@@ -303,3 +303,10 @@ def test_a_pod_undecided_for_both_kinds_is_told_both_reasons() -> None:
 def test_an_object_that_is_no_pod_is_a_bad_request_naming_its_type() -> None:
     with pytest.raises(PodShapeError, match=r"^pod must be an object, not array$"):
         _ptrace([])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("value", [None, 1])
+def test_a_node_label_value_that_is_no_string_is_refused_saying_so(value: Any) -> None:
+    """The node cache skips such a node and logs this message with it."""
+    with pytest.raises(TypeError, match=r"^node label values must be strings$"):
+        _node("n1", "containerd://1.7.11", {"zone": value})
