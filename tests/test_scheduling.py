@@ -170,3 +170,17 @@ def test_a_node_selector_on_the_hostname_selects_that_node_alone() -> None:
     pod = _pod(selector={"kubernetes.io/hostname": "n2", "zone": "z1"})
     assert candidate_nodes(read_pod(pod), nodes) == ["n2"]
     assert candidate_nodes(read_pod(_pod(selector={"kubernetes.io/hostname": "n2"})), nodes) == ["n2"]
+
+
+def test_a_pool_relabelled_at_once_is_selected_as_a_fresh_snapshot_selects_it() -> None:
+    """An update that moves more than 64 nodes in or out of a label pair takes the index's bulk path (and
+    stays an update, not a rebuild, up to a sixteenth of the nodes)."""
+    nodes = {f"n{i:04}": NodeFacts("containerd", None, None, {"pool": "p1"}) for i in range(1100)}
+    before = node_snapshot(nodes)
+    moved = [f"n{i:04}" for i in range(0, 660, 10)]  # 66 nodes
+    for name in moved:
+        nodes[name] = NodeFacts("containerd", None, None, {"pool": "p2"})
+    after = node_snapshot(nodes, before, changed=moved)
+    for pool, expected in (("p2", moved), ("p1", sorted(set(nodes) - set(moved)))):
+        assert candidate_nodes(read_pod(_pod(selector={"pool": pool})), after) == expected
+        assert candidate_nodes(read_pod(_pod(selector={"pool": pool})), node_snapshot(nodes)) == expected
