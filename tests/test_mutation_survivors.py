@@ -310,3 +310,26 @@ def test_a_node_label_value_that_is_no_string_is_refused_saying_so(value: Any) -
     """The node cache skips such a node and logs this message with it."""
     with pytest.raises(TypeError, match=r"^node label values must be strings$"):
         _node("n1", "containerd://1.7.11", {"zone": value})
+
+
+@pytest.mark.parametrize(
+    ("nodes", "warning"),
+    [
+        # a tie is told in the order of the runtimes' names, whichever node came first
+        ({"d1": ("docker://24.0.7", {}), "c1": ("containerd://1.7.11", {})}, "containerd on 1, docker on 1"),
+        # nodes of one runtime on different sockets (k3s's own) are counted together
+        (
+            {
+                "c1": ("containerd://1.7.11", {}),
+                "k1": ("containerd://1.7.11-k3s1", {}),
+                "d1": ("docker://24.0.7", {}),
+            },
+            "containerd on 2, docker on 1",
+        ),
+    ],
+)
+def test_disagreeing_nodes_are_counted_by_runtime_in_the_warning(
+    nodes: dict[str, tuple[str, dict[str, str]]], warning: str
+) -> None:
+    decided = _puller_plan(_pod(), {name: _node(name, *node) for name, node in nodes.items()})
+    assert decided.warnings == [f"no image puller: candidate nodes disagree ({warning})"]
