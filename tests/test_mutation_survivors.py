@@ -333,3 +333,15 @@ def test_disagreeing_nodes_are_counted_by_runtime_in_the_warning(
 ) -> None:
     decided = _puller_plan(_pod(), {name: _node(name, *node) for name, node in nodes.items()})
     assert decided.warnings == [f"no image puller: candidate nodes disagree ({warning})"]
+
+
+def test_a_pin_to_a_runtime_on_different_sockets_is_skipped_and_audited_so() -> None:
+    nodes = {
+        "c1": _node("c1", "containerd://1.7.11", {}),
+        "k1": _node("k1", "containerd://1.7.11-k3s1", {}),
+        "d1": _node("d1", "docker://24.0.7", {}),
+    }
+    decided = _puller_plan(_pod(), nodes, imagePuller={"heterogeneous": "pin"})
+    assert decided.changes == []
+    assert decided.warnings == ["no image puller: containerd nodes use different sockets"]
+    assert decided.audit == {PULLER: "skipped(heterogeneous-sockets)"}
