@@ -345,3 +345,18 @@ def test_a_pin_to_a_runtime_on_different_sockets_is_skipped_and_audited_so() -> 
     assert decided.changes == []
     assert decided.warnings == ["no image puller: containerd nodes use different sockets"]
     assert decided.audit == {PULLER: "skipped(heterogeneous-sockets)"}
+
+
+def test_a_pod_on_a_named_node_is_decided_by_that_node_even_after_its_pools_answer_was_kept() -> None:
+    nodes = {
+        "c1": _node("c1", "containerd://1.7.11", {"pool": "p"}),
+        "c2": _node("c2", "containerd://1.7.11", {"pool": "p"}),
+        "d1": _node("d1", "docker://24.0.7", {"pool": "p"}),
+    }
+    facts = Facts(RequestFacts("ns"), cluster_facts({}, nodes))
+    settings = build_settings({"imagePuller": {"heterogeneous": "pin"}})
+    pooled = plan(_pod(nodeSelector={"pool": "p"}), facts, settings, kinds=(PULLER,))
+    assert pooled.runtime is not None
+    assert pooled.runtime.source == "pinned to containerd (candidate nodes disagree (containerd on 2, docker on 1))"
+    named = plan(_pod(nodeSelector={"pool": "p"}, nodeName="d1"), facts, settings, kinds=(PULLER,))
+    assert named.audit == {PULLER: "docker:/var/run/docker.sock"}

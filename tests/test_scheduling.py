@@ -184,3 +184,30 @@ def test_a_pool_relabelled_at_once_is_selected_as_a_fresh_snapshot_selects_it() 
     for pool, expected in (("p2", moved), ("p1", sorted(set(nodes) - set(moved)))):
         assert candidate_nodes(read_pod(_pod(selector={"pool": pool})), after) == expected
         assert candidate_nodes(read_pod(_pod(selector={"pool": pool})), node_snapshot(nodes)) == expected
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"nodeSelector": {"zone": 1}}, r"^spec.nodeSelector must be an object of strings$"),
+        ({"nodeSelector": ["zone=z1"]}, r"^spec.nodeSelector must be an object of strings$"),
+        (
+            {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": []}}},
+            r"^spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution must be an object, not array$",
+        ),
+        (
+            {
+                "affinity": {
+                    "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": {}}}
+                }
+            },
+            r"^spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms"
+            r" must be an array$",
+        ),
+    ],
+)
+def test_an_unreadable_node_selection_is_named(spec: dict[str, Any], message: str) -> None:
+    pod = _pod()
+    pod["spec"].update(spec)
+    with pytest.raises(PodShapeError, match=message):
+        candidate_nodes(read_pod(pod), NODES)
