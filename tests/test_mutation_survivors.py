@@ -83,9 +83,9 @@ def _puller_plan(pod: dict[str, Any], nodes: dict[str, Any], **settings: Any) ->
     return plan(pod, facts, build_settings(settings), kinds=(PULLER,))
 
 
-def _node(name: str, runtime: str, labels: dict[str, Any]) -> NodeFacts:
+def _node(name: str, runtime: str, labels: dict[str, Any], annotations: dict[str, str] | None = None) -> NodeFacts:
     """A node as the node cache holds it: projected from the API server's object, its labels shared."""
-    metadata = {"name": name, "labels": labels}
+    metadata = {"name": name, "labels": labels, "annotations": annotations or {}}
     return project_node({"metadata": metadata, "status": {"nodeInfo": {"containerRuntimeVersion": runtime}}})
 
 
@@ -360,3 +360,37 @@ def test_a_pod_on_a_named_node_is_decided_by_that_node_even_after_its_pools_answ
     assert pooled.runtime.source == "pinned to containerd (candidate nodes disagree (containerd on 2, docker on 1))"
     named = plan(_pod(nodeSelector={"pool": "p"}, nodeName="d1"), facts, settings, kinds=(PULLER,))
     assert named.audit == {PULLER: "docker:/var/run/docker.sock"}
+    other = plan(_pod(nodeName="c1"), facts, settings, kinds=(PULLER,))
+    assert other.audit == {PULLER: "containerd:/run/containerd/containerd.sock"}
+    what_if = Facts(RequestFacts("ns", node="d1"), facts.cluster)
+    previewed = plan(_pod(nodeSelector={"pool": "p"}), what_if, settings, kinds=(PULLER,))
+    assert previewed.audit == {PULLER: "docker:/var/run/docker.sock"}
+
+
+@pytest.mark.parametrize(
+    ("spec", "warning", "audit"),
+    [
+        ({"nodeName": "ghost"}, "no image puller: the runtime of node ghost is unknown", "skipped(unknown-runtime)"),
+        (
+            {"nodeSelector": {"pool": "none"}},
+            "no image puller: no node matches the pod's node selection",
+            "skipped(no-candidate-nodes)",
+        ),
+    ],
+)
+def test_a_pod_whose_nodes_say_nothing_of_their_runtime_gets_no_puller(
+    spec: dict[str, Any], warning: str, audit: str
+) -> None:
+    decided = _puller_plan(_pod(**spec), {"c1": _node("c1", "containerd://1.7.11", {})})
+    assert (decided.changes, decided.warnings, decided.audit) == ([], [warning], {PULLER: audit})
+
+
+def test_nodes_of_one_runtime_and_socket_are_counted_together_however_the_socket_was_found() -> None:
+    annotated = {"kubeadm.alpha.kubernetes.io/cri-socket": "unix:///run/containerd/containerd.sock"}
+    nodes = {
+        "c1": _node("c1", "containerd://1.7.11", {}),
+        "c2": _node("c2", "containerd://1.7.11", {}, annotated),
+        "d1": _node("d1", "docker://24.0.7", {}),
+    }
+    decided = _puller_plan(_pod(), nodes)
+    assert decided.warnings == ["no image puller: candidate nodes disagree (containerd on 2, docker on 1)"]
