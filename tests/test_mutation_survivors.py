@@ -394,3 +394,28 @@ def test_nodes_of_one_runtime_and_socket_are_counted_together_however_the_socket
     }
     decided = _puller_plan(_pod(), nodes)
     assert decided.warnings == ["no image puller: candidate nodes disagree (containerd on 2, docker on 1)"]
+
+
+def _puller(decided: Plan) -> dict[str, Any]:
+    """The puller container the patch inserts."""
+    inserted: list[dict[str, Any]] = next(
+        c.op["value"] for c in decided.changes if c.op["path"] == "/spec/initContainers"
+    )
+    return inserted[0]
+
+
+def test_only_named_pull_secrets_are_mounted_in_the_puller() -> None:
+    pod = _pod(imagePullSecrets=[{"name": ""}, {"name": 5}, {"name": "regcred"}, {"name": "regcred"}])
+    decided = plan(pod, Facts(RequestFacts("ns", runtime="containerd")), build_settings({}), kinds=(PULLER,))
+    volume = next(c.op["value"] for c in decided.changes if c.op["path"] == "/spec/volumes")[1]
+    assert [s["secret"]["name"] for s in volume["projected"]["sources"]] == ["regcred"]
+
+
+@pytest.mark.parametrize(("runtime", "pod_network"), [("containerd", True), ("cri-o", False)])
+def test_only_containerd_is_given_the_registries_reached_over_the_pod_network(runtime: str, pod_network: bool) -> None:
+    settings = build_settings({"imagePuller": {"registries": {"registry.local:5000": {"plainHttp": True}}}})
+    decided = plan(_pod(), Facts(RequestFacts("ns", runtime=runtime)), settings, kinds=(PULLER,))
+    args = _puller(decided)["args"]
+    assert ("--pod-network-registry=registry.local:5000" in args) is pod_network
+    assert decided.runtime is not None
+    assert decided.runtime.source == "query"
