@@ -12,7 +12,15 @@ import pytest
 from webhook.cluster.nodes import project_node
 from webhook.config import build_settings
 from webhook.mutation.errors import PodShapeError
-from webhook.mutation.facts import Facts, NodeFacts, RequestFacts, cluster_facts
+from webhook.mutation.facts import (
+    ClusterFacts,
+    Facts,
+    NodeFacts,
+    NodeSnapshot,
+    RequestFacts,
+    cluster_facts,
+    node_snapshot,
+)
 from webhook.mutation.plan import KINDS, PTRACE, PULLER, Plan, plan
 from webhook.mutation.pointer import join
 from webhook.mutation.runtime import MICROK8S_SOCKET
@@ -419,3 +427,14 @@ def test_only_containerd_is_given_the_registries_reached_over_the_pod_network(ru
     assert ("--pod-network-registry=registry.local:5000" in args) is pod_network
     assert decided.runtime is not None
     assert decided.runtime.source == "query"
+
+
+def test_a_snapshot_whose_label_index_is_a_plain_mapping_answers_a_node_selector() -> None:
+    """A preview worker's snapshot asks the server for label entries one at a time: no LabelIndex, no kept
+    answers, the same decision."""
+    nodes = {"c1": _node("c1", "containerd://1.7.11", {"pool": "p"}), "d1": _node("d1", "docker://24.0.7", {})}
+    full = node_snapshot(nodes)
+    plain = NodeSnapshot(full.nodes, full.groups, {pair: tuple(full.by_label[pair]) for pair in full.by_label})
+    facts = Facts(RequestFacts("ns"), ClusterFacts(None, plain, "synced"))
+    decided = plan(_pod(nodeSelector={"pool": "p"}), facts, build_settings({}), kinds=(PULLER,))
+    assert decided.audit == {PULLER: "containerd:/run/containerd/containerd.sock"}
