@@ -371,6 +371,67 @@ class Node:
         (process,) = (p for p in self.processes if p.name == "containerd")
         return process.log.read_text(errors="replace")
 
+    def running_tasks(self) -> dict[str, int]:
+        """containerd's running tasks: container ID -> the host PID of the container's process."""
+        out = {}
+        for line in self.ctr("tasks", "ls").stdout.splitlines()[1:]:  # TASK PID STATUS
+            task, pid, status = line.split()
+            if status == "RUNNING":
+                out[task] = int(pid)
+        return out
+
+    def container_labels(self, container_id: str) -> dict[str, str]:
+        """The labels containerd's CRI gave a container: its pod's namespace and name, and (not for a
+        sandbox) its container's name, under io.kubernetes.*."""
+        labels: dict[str, str] = json.loads(self.ctr("containers", "info", container_id).stdout).get("Labels") or {}
+        return labels
+
+
+# Linux's capabilities by bit number (linux/capability.h), as /proc/<pid>/status masks them.
+CAPABILITIES = (
+    "CHOWN", "DAC_OVERRIDE", "DAC_READ_SEARCH", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID", "SETPCAP",
+    "LINUX_IMMUTABLE", "NET_BIND_SERVICE", "NET_BROADCAST", "NET_ADMIN", "NET_RAW", "IPC_LOCK", "IPC_OWNER",
+    "SYS_MODULE", "SYS_RAWIO", "SYS_CHROOT", "SYS_PTRACE", "SYS_PACCT", "SYS_ADMIN", "SYS_BOOT", "SYS_NICE",
+    "SYS_RESOURCE", "SYS_TIME", "SYS_TTY_CONFIG", "MKNOD", "LEASE", "AUDIT_WRITE", "AUDIT_CONTROL", "SETFCAP",
+    "MAC_OVERRIDE", "MAC_ADMIN", "SYSLOG", "WAKE_ALARM", "BLOCK_SUSPEND", "AUDIT_READ", "PERFMON", "BPF",
+    "CHECKPOINT_RESTORE",
+)  # fmt: skip
+
+
+def capability_names(mask: int) -> frozenset[str]:
+    """The capabilities of a mask, by name (a bit beyond the table as CAP_<bit>)."""
+    bits = [bit for bit in range(mask.bit_length()) if mask >> bit & 1]
+    return frozenset(CAPABILITIES[bit] if bit < len(CAPABILITIES) else f"CAP_{bit}" for bit in bits)
+
+
+@dataclass(frozen=True)
+class ProcessStatus:
+    """A container's process as the kernel shows it in /proc/<pid>/status."""
+
+    pid: int
+    name: str  # the command name (comm, at most 15 characters)
+    uid: int  # the effective uid
+    effective: int  # CapEff
+
+    @property
+    def capabilities(self) -> frozenset[str]:
+        return capability_names(self.effective)
+
+
+def process_status(pid: int, container_id: str) -> ProcessStatus | None:
+    """/proc/<pid>/status of a container's process, read in one go; None if the PID is gone or is not in
+    that container's cgroup (read after the status, so the status is of the container's process)."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+        cgroups = Path(f"/proc/{pid}/cgroup").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    if container_id not in cgroups:
+        return None
+    fields = {key: value.strip() for key, _, value in (line.partition(":") for line in lines)}
+    uids = fields["Uid"].split()  # real, effective, saved, filesystem
+    return ProcessStatus(pid, fields["Name"], int(uids[1]), int(fields["CapEff"], 16))
+
 
 def _repository(reference: str) -> str:
     """`host:port/path:tag` or `host:port/path@sha256:...` without its tag or digest."""

@@ -24,8 +24,11 @@ tests of its own (tests/test_kube_node.py).
 The pods of each setting are created once the release runs in it (one replica answers at a time, its
 webhooks failing closed), one by one, and then all of them run at once; the tests read what the webhook
 decided for each pod (its decision counters before and after the pod's creation, as a user reads them from
-/metrics) and what each pod did: its phase, the outputs in the store, the copilot's log, and which
-containers of the stored pod hold SYS_PTRACE.
+/metrics) and what each pod did: its phase, the outputs in the store, the copilot's log, which containers
+of the stored pod hold SYS_PTRACE, and which processes hold it as the kernel granted it: while the pods
+run, a thread reads each running container's process (its host PID, containerd's task) from
+/proc/<pid>/status, so the uploader's and the task's effective capabilities (CapEff) are those of the
+live process.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import re
 import shutil
 import struct
 import subprocess
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -60,7 +64,7 @@ from tests.kube_support import (
     release,
     started,
 )
-from tests.node import Node
+from tests.node import Node, ProcessStatus, process_status
 from tests.node_fixtures import import_images, running_node
 from tests.support import load_yaml
 from webhook.pull.clients import _field as protobuf_field  # the puller's protobuf encoding, for the store's files
@@ -332,6 +336,83 @@ class Run:
     errors: bytes | None
     logs: dict[str, str]  # the copilot's containers'
     decided: dict[str, int]  # how the pod's review moved the webhook's decision counters
+    processes: dict[str, list[ProcessStatus]]  # container -> its processes as the kernel showed them
+    watched: str  # what the process watch saw of the pod, for a failure to show
+
+
+# --- the processes on the node ------------------------------------------------------------------------
+
+WATCH_PERIOD = 0.25  # s between two readings of containerd's tasks; the shortest process, the task, lives 6 s
+RUNC_INIT = "runc:"  # the comm of runc's init before it executes the container's process
+
+
+class ProcessWatch:
+    """Every WATCH_PERIOD s, from a thread: containerd's running tasks, and for each container of the pods'
+    namespace not read yet, its process's /proc/<pid>/status, once the process is the container's own
+    (runc's init executed it: before that, its capabilities are runc's setup, not the kernel's grant).
+    What it saw of each pod, the tasks it found and their states, is kept for a failure to show."""
+
+    def __init__(self, the_node: Node) -> None:
+        self.node = the_node
+        self.processes: dict[tuple[str, str], list[ProcessStatus]] = {}  # (pod, container) -> its processes
+        self.saw: dict[str, list[str]] = {}  # pod -> what was seen of it
+        self.errors: list[str] = []
+        self._labels: dict[str, dict[str, str]] = {}
+        self._read: set[str] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def __enter__(self) -> ProcessWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """The thread stopped: what it saw is then read without it."""
+        self._stop.set()
+        self._thread.join(timeout=60)
+        assert not self._thread.is_alive(), "the process watch did not stop within 60 s"
+
+    def _watch(self) -> None:
+        while not self._stop.wait(WATCH_PERIOD):
+            try:
+                self._sample()
+            except Exception as err:  # kept for the tests to show; the watch goes on
+                if len(self.errors) < 20:
+                    self.errors.append(repr(err))
+
+    def _sample(self) -> None:
+        for container_id, pid in self.node.running_tasks().items():
+            if container_id in self._read:
+                continue
+            if container_id not in self._labels:
+                self._labels[container_id] = self.node.container_labels(container_id)
+            labels = self._labels[container_id]
+            name = labels.get("io.kubernetes.container.name")
+            if labels.get("io.kubernetes.pod.namespace") != PODS or name is None:  # another's, or a sandbox
+                self._read.add(container_id)
+                continue
+            pod = labels["io.kubernetes.pod.name"]
+            status = process_status(pid, container_id)
+            saw = self.saw.setdefault(pod, [])
+            if status is None or status.name.startswith(RUNC_INIT):
+                line = f"{name} ({container_id[:12]}): task pid {pid} running, its process {status}"
+                if line not in saw:  # once each: a task not yet executed is read again every period
+                    saw.append(line)
+                continue
+            saw.append(f"{name} ({container_id[:12]}): {status}, CapEff {sorted(status.capabilities)}")
+            self.processes.setdefault((pod, name), []).append(status)
+            self._read.add(container_id)
+
+    def of(self, pod: str) -> tuple[dict[str, list[ProcessStatus]], str]:
+        """The pod's containers' processes, and what the watch saw of the pod."""
+        processes = {name: seen for (owner, name), seen in self.processes.items() if owner == pod}
+        watched = f"the process watch saw of {pod}:\n" + "\n".join(self.saw.get(pod, ["nothing"]))
+        if self.errors:
+            watched += "\nand failed with:\n" + "\n".join(self.errors)
+        return processes, watched
 
 
 def _decisions(webhook: ChartPods) -> Counter[str]:
@@ -376,17 +457,19 @@ def runs(kube_admin: Kube, the_node: Node, images: Images, webhook: ChartPods) -
     started: dict[str, float] = {}
     decided: dict[str, dict[str, int]] = {}
     try:
-        for index, setting in enumerate(SETTINGS):
-            if index:
-                webhook.release.upgrade(_values(setting))
-                webhook.run(f"replica-{setting}")
-                webhook.release.wait_policies("Fail")
-            for case in (c for c in CASES if c.setting == setting):
-                before = _decisions(webhook)  # one pod at a time: the counters move for it alone
-                started[_id(case)] = time.monotonic()
-                stored[_id(case)] = kube_admin.create_pod(PODS, pods[_id(case)])
-                decided[_id(case)] = dict(_decisions(webhook) - before)
-        yield _follow(kube_admin, the_node, stored, stores, started, decided)
+        with ProcessWatch(the_node) as watch:  # from before the first pod until every pod is done
+            for index, setting in enumerate(SETTINGS):
+                if index:
+                    webhook.release.upgrade(_values(setting))
+                    webhook.run(f"replica-{setting}")
+                    webhook.release.wait_policies("Fail")
+                for case in (c for c in CASES if c.setting == setting):
+                    before = _decisions(webhook)  # one pod at a time: the counters move for it alone
+                    started[_id(case)] = time.monotonic()
+                    stored[_id(case)] = kube_admin.create_pod(PODS, pods[_id(case)])
+                    decided[_id(case)] = dict(_decisions(webhook) - before)
+            runs = _follow(kube_admin, the_node, stored, stores, started, decided, watch)
+        yield runs
     finally:
         for case in CASES:
             with contextlib.suppress(KubeError):
@@ -413,6 +496,7 @@ def _follow(
     stores: dict[str, Path],
     started: dict[str, float],
     decided: dict[str, dict[str, int]],
+    watch: ProcessWatch,
 ) -> dict[str, Run]:
     """Each case's pod until it is done (see `runs`); past FOLLOW s, a failure with what every pod not done
     showed: its status, its events and its copilot's logs."""
@@ -437,6 +521,7 @@ def _follow(
                 exited.setdefault(key, now)
                 if now - exited[key] >= WAITS:
                     done[key] = (pod, now - started[key])
+    watch.stop()  # every pod is done: its processes were read while they ran
     runs = {}
     for key, case in by_id.items():
         pod, seconds = done[key]
@@ -444,6 +529,7 @@ def _follow(
         prefix = _store_path(stores[key], _arg(upload, "--to-output-prefix"))
         logs = _logs(the_node, case, stored)
         outputs, errors = prefix / "outputs.pb", prefix / "errors.pb"
+        processes, watched = watch.of(case.pod)
         runs[key] = Run(
             stored[key],
             pod,
@@ -452,6 +538,8 @@ def _follow(
             errors.read_bytes() if errors.exists() else None,
             logs,
             decided[key],
+            processes,
+            watched,
         )
     return runs
 
@@ -552,3 +640,37 @@ def test_a_1_16_uploader_in_the_legacy_shape_waits_for_a_signal_that_never_comes
     assert not _said(run.logs[UPLOADER], "info", "Container Exited!"), _explain(run)
     assert run.outputs is None
     assert run.errors is None
+
+
+# What each container's process is (its comm): the copilot's binary, and the task's script run by sh.
+COMMANDS = {UPLOADER: "flyte-copilot", "primary": "calculate-circl"}
+# What containerd's CRI grants a container's root process without a pod's `add`.
+RUNTIME_DEFAULT = frozenset(
+    {"CHOWN", "DAC_OVERRIDE", "FSETID", "FOWNER", "MKNOD", "NET_RAW", "SETGID", "SETUID", "SETFCAP", "SETPCAP",
+     "NET_BIND_SERVICE", "SYS_CHROOT", "KILL", "AUDIT_WRITE"}
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("case", CASES, ids=_id)
+def test_the_kernel_grants_sys_ptrace_where_the_stored_pod_adds_it_to_a_root_process(
+    case: Case, runs: dict[str, Run]
+) -> None:
+    """The watcher's and the task's processes, read from /proc/<pid>/status while they ran: a root process
+    holds the runtime's default set, and SYS_PTRACE (bit 19) where the stored pod adds it to its container. A
+    process of another uid holds no capability at all, whatever the pod adds: the runtime sets no ambient
+    capabilities, and executing its command clears the effective set of a non-root process."""
+    run = runs[_id(case)]
+    granted = _holders(run.stored)
+    for container in (UPLOADER, _primary(run.stored)):
+        role = "primary" if container == _primary(run.stored) else container
+        seen = run.processes.get(container)
+        assert seen, f"{container}'s process was never read running:\n{run.watched}\n{_explain(run)}"
+        (process,) = seen  # one process per container: none restarted
+        assert process.name == COMMANDS[role], run.watched
+        uid = case.uid if role == "primary" and case.uid is not None else 0
+        assert process.uid == uid, run.watched
+        if uid:
+            assert process.capabilities == frozenset(), run.watched
+        else:
+            assert process.capabilities - {"SYS_PTRACE"} == RUNTIME_DEFAULT, run.watched
+            assert ("SYS_PTRACE" in process.capabilities) is (role in granted), run.watched
