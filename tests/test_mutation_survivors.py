@@ -438,3 +438,45 @@ def test_a_snapshot_whose_label_index_is_a_plain_mapping_answers_a_node_selector
     facts = Facts(RequestFacts("ns"), ClusterFacts(None, plain, "synced"))
     decided = plan(_pod(nodeSelector={"pool": "p"}), facts, build_settings({}), kinds=(PULLER,))
     assert decided.audit == {PULLER: "containerd:/run/containerd/containerd.sock"}
+
+
+ONE, TWO = "registry-one.example.internal:5000", "registry-two.example.internal:5000"
+
+
+@pytest.mark.parametrize(
+    ("runtime", "warning"),
+    [
+        ("containerd", f"{f'{ONE}, {TWO}'[:50]}: pulled without TLS verification (registries opt-in)"),
+        ("cri-o", f"{f'{ONE}, {TWO}'[:40]}: the cri-o runtime pulls; no pod-network path"),
+    ],
+)
+def test_registries_pulled_without_verification_or_out_of_reach_are_warned_of(runtime: str, warning: str) -> None:
+    registries = {ONE: {"plainHttp": True}, TWO: {"skipVerify": True}, "registry-three.local": {}}
+    settings = build_settings({"imagePuller": {"registries": registries}})
+    images = [
+        {"name": f"c{i}", "image": f"{host}/team/app:1"} for i, host in enumerate((ONE, TWO, "registry-three.local"))
+    ]
+    decided = plan(
+        _pod(PRIMARY, UPLOADER, *images), Facts(RequestFacts("ns", runtime=runtime)), settings, kinds=(PULLER,)
+    )
+    assert decided.warnings == [warning]
+    args = _puller(decided)["args"]
+    assert (f"--registry-plain-http={ONE}" in args, f"--registry-skip-verify={TWO}" in args) == (
+        (True, True) if runtime == "containerd" else (False, False)
+    )
+
+
+def test_each_puller_operation_is_listed_with_why() -> None:
+    pod = _pod(imagePullSecrets=[{"name": "regcred"}], volumes=[{"name": "scratch", "emptyDir": {}}])
+    decided = plan(pod, Facts(RequestFacts("ns", runtime="containerd")), build_settings({}), kinds=(PULLER,))
+    assert _reasons(decided)[:-1] == [
+        ("/spec/initContainers", "pull 2 image(s) through the containerd socket before the other containers start"),
+        ("/spec/volumes/-", "the containerd socket /run/containerd/containerd.sock, mounted in the puller only"),
+        ("/spec/volumes/-", "the pod's image pull secrets, for the puller only"),
+    ]
+    del pod["spec"]["volumes"]
+    decided = plan(pod, Facts(RequestFacts("ns", runtime="containerd")), build_settings({}), kinds=(PULLER,))
+    assert _reasons(decided)[1] == (
+        "/spec/volumes",
+        "the containerd socket /run/containerd/containerd.sock, mounted in the puller only",
+    )
