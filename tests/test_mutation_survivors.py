@@ -480,3 +480,19 @@ def test_each_puller_operation_is_listed_with_why() -> None:
         "/spec/volumes",
         "the containerd socket /run/containerd/containerd.sock, mounted in the puller only",
     )
+
+
+@pytest.mark.parametrize(
+    ("settings", "request_facts", "source"),
+    [
+        ({"imagePuller": {"runtime": "docker"}}, RequestFacts("ns"), "imagePuller.runtime"),
+        ({}, RequestFacts("ns"), "imagePuller.defaultRuntime"),
+        ({}, RequestFacts("ns", node="n1"), "imagePuller.defaultRuntime (node n1 unknown without cluster access)"),
+    ],
+)
+def test_a_preview_says_where_the_runtime_came_from(
+    settings: dict[str, Any], request_facts: RequestFacts, source: str
+) -> None:
+    decided = plan(_pod(), Facts(request_facts), build_settings(settings), kinds=(PULLER,))
+    assert decided.runtime is not None
+    assert decided.runtime.source == source
