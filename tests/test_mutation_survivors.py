@@ -496,3 +496,10 @@ def test_a_preview_says_where_the_runtime_came_from(
     decided = plan(_pod(), Facts(request_facts), build_settings(settings), kinds=(PULLER,))
     assert decided.runtime is not None
     assert decided.runtime.source == source
+
+
+def test_the_puller_pulls_no_image_of_an_ephemeral_container_nor_one_that_is_no_string() -> None:
+    pod = _pod(PRIMARY, UPLOADER, {"name": "odd", "image": 5})
+    pod["spec"]["ephemeralContainers"] = [{"name": "debug", "image": "busybox:1.36"}]
+    decided = plan(pod, Facts(RequestFacts("ns", runtime="containerd")), build_settings({}), kinds=(PULLER,))
+    assert _puller(decided)["args"][-2:] == ["docker.io/library/python:3.11", FLYTE_IMAGE]
