@@ -247,7 +247,7 @@ def test_a_pod_reviewed_again_after_both_mutations_is_left_as_it_is(socket: str 
     the mutated annotation, is ours, never a name clash, whatever the socket's path holds."""
     settings = build_settings({"imagePuller": {"sockets": {"containerd": socket}}} if socket else {})
     facts = Facts(RequestFacts("ns", runtime="containerd"))
-    pod = _pod()
+    pod = _pod(imagePullSecrets=[{"name": "regcred"}])
     first = plan(pod, facts, settings)
     assert first.outcomes[PULLER].mutated
     again = plan(jsonpatch.apply_patch(pod, [c.op for c in first.changes]), facts, settings)
@@ -503,3 +503,36 @@ def test_the_puller_pulls_no_image_of_an_ephemeral_container_nor_one_that_is_no_
     pod["spec"]["ephemeralContainers"] = [{"name": "debug", "image": "busybox:1.36"}]
     decided = plan(pod, Facts(RequestFacts("ns", runtime="containerd")), build_settings({}), kinds=(PULLER,))
     assert _puller(decided)["args"][-2:] == ["docker.io/library/python:3.11", FLYTE_IMAGE]
+
+
+RECORDED = {"copilot-webhook.io/mutated": "image-puller=containerd:/run/containerd/containerd.sock"}
+
+
+@pytest.mark.parametrize(
+    ("annotations", "volume"),
+    [
+        (RECORDED, "copilot-webhook-runtime-socket"),  # recorded, but the puller container is gone
+        (RECORDED, "copilot-webhook-pull-secrets"),
+        (None, "copilot-webhook-pull-secrets"),
+    ],
+)
+def test_a_volume_of_ours_without_our_puller_is_a_clash_never_reused(
+    annotations: dict[str, str] | None, volume: str
+) -> None:
+    pod = _pod(annotations=annotations, volumes=[{"name": volume, "emptyDir": {}}])
+    decided = plan(pod, Facts(RequestFacts("ns", runtime="containerd")), build_settings({}), kinds=(PULLER,))
+    assert decided.undecided == f"the name {volume} is already used by the pod"
+    assert decided.changes == []
+
+
+@pytest.mark.parametrize(
+    ("volumes", "error"), [({"name": "scratch"}, "spec.volumes must be an array"), (["scratch", {"name": 5}], None)]
+)
+def test_volumes_the_puller_cannot_read_are_named_or_left_to_the_api_server(volumes: Any, error: str | None) -> None:
+    pod = _pod(volumes=volumes)
+    facts = Facts(RequestFacts("ns", runtime="containerd"))
+    if error is None:
+        assert plan(pod, facts, build_settings({}), kinds=(PULLER,)).outcomes[PULLER].mutated
+        return
+    with pytest.raises(PodShapeError, match=f"^{error}$"):
+        plan(pod, facts, build_settings({}), kinds=(PULLER,))
