@@ -536,3 +536,9 @@ def test_volumes_the_puller_cannot_read_are_named_or_left_to_the_api_server(volu
         return
     with pytest.raises(PodShapeError, match=f"^{error}$"):
         plan(pod, facts, build_settings({}), kinds=(PULLER,))
+
+
+def test_a_pod_whose_images_the_kubelet_pulls_anyway_is_audited_as_having_none() -> None:
+    always = [{**c, "imagePullPolicy": "Always"} for c in (PRIMARY, UPLOADER)]
+    decided = plan(_pod(*always), Facts(RequestFacts("ns", runtime="containerd")), build_settings({}), kinds=(PULLER,))
+    assert (decided.changes, decided.audit) == ([], {PULLER: "skipped(no-images)"})
