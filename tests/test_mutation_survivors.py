@@ -542,3 +542,12 @@ def test_a_pod_whose_images_the_kubelet_pulls_anyway_is_audited_as_having_none()
     always = [{**c, "imagePullPolicy": "Always"} for c in (PRIMARY, UPLOADER)]
     decided = plan(_pod(*always), Facts(RequestFacts("ns", runtime="containerd")), build_settings({}), kinds=(PULLER,))
     assert (decided.changes, decided.audit) == ([], {PULLER: "skipped(no-images)"})
+
+
+@pytest.mark.parametrize(("spec", "source"), [({}, "all 2 nodes"), ({"nodeName": ""}, "all 2 nodes")])
+def test_a_pod_free_to_land_anywhere_is_decided_by_every_node(spec: dict[str, Any], source: str) -> None:
+    """An empty nodeName is no node name, as the scheduler reads it."""
+    nodes = {name: _node(name, "containerd://1.7.11", {}) for name in ("c1", "c2")}
+    decided = _puller_plan(_pod(**spec), nodes)
+    assert decided.runtime is not None
+    assert (decided.runtime.flavour, decided.runtime.source) == ("containerd", source)
