@@ -49,6 +49,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--certs-days", type=int, default=90, help="self-signed TLS: certificate lifetime (default 90)")
     serve.add_argument(
+        "--certs-dns", action="append", default=[], help="self-signed TLS: another DNS name to cover (repeatable)"
+    )
+    serve.add_argument(
         "--self-check-address",
         help="HOST:PORT ([v6]:PORT) for the self-check (default: $POD_IP and server.port, else the Service on 443)",
     )
@@ -70,6 +73,7 @@ def _parser() -> argparse.ArgumentParser:
     ensure.add_argument(
         "--days", type=int, default=90, help="serving certificate lifetime, renewed at 2/3 (default 90)"
     )
+    ensure.add_argument("--dns", action="append", default=[], help="another DNS name to cover (repeatable)")
     ensure.add_argument("--out", help="also write tls.crt, tls.key and ca.crt here")
     ensure.add_argument("--config", help="YAML configuration file (for cluster access settings)")
 
@@ -278,6 +282,7 @@ def _certs_ensure(args: argparse.Namespace) -> int:
             webhook_config=args.webhook_config,
             service=args.service or args.webhook_config,
             days=args.days,
+            dns=args.dns,
         )
         state = manager.ensure(Path(args.out) if args.out else None)
     except (ClusterAccessError, EnsureError) as exc:
@@ -364,7 +369,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
         return EXIT_USAGE
     if args.webhook_config:
         managed = ManagedTLS(
-            args.certs_secret, args.webhook_config, args.service or args.webhook_config, args.certs_days
+            args.certs_secret, args.webhook_config, args.service or args.webhook_config, args.certs_days, args.certs_dns
         )
     check = None
     if args.self_check_address:

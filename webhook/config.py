@@ -235,9 +235,63 @@ class RegistrySettings(_Section):
         return value
 
 
+_HOST_PORT = r"^[a-z0-9]([a-z0-9.-]*[a-z0-9])?:[0-9]{1,5}$"
+
+
+class AgentSettings(_Section):
+    """The node agent (mode agent, spec 1.3a): a DaemonSet holding the runtime socket, asked by a restricted
+    client in the pod through a Service with internalTrafficPolicy Local."""
+
+    address: str = Field(default="copilot-webhook-agent.copilot-webhook.svc:443", pattern=_HOST_PORT)
+    """host:port of the agent's Service, as its TLS certificate names it."""
+    audience: str = Field(default="copilot-webhook-agent", min_length=1, max_length=253)
+    """The audience of the client's projected ServiceAccount token, checked by the agent's TokenReview."""
+    ca_file: str | None = None
+    """PEM bundle that signs the agent's certificate, read by the webhook and given to the client."""
+    image: str = Field(default=PULLER_IMAGE, min_length=1)
+    """The client's image (the agent's, by the chart)."""
+    token_seconds: int = Field(default=600, ge=600, le=86400)
+    """Lifetime of the client's token (the API server's minimum is 600)."""
+    connect_timeout_seconds: int = Field(default=10, ge=1, le=300)
+    """The client gives up reaching the agent after this long, then follows failurePolicy."""
+    run_as_user: int = Field(default=65532, ge=1, le=2147483647)
+    """The client's non-root user id."""
+
+    def ca(self) -> str | None:
+        """The CA bundle as the file holds it now (re-read when it changes: a mounted Secret is rotated),
+        or None when there is none or it is not PEM."""
+        return _read_pem(self.ca_file) if self.ca_file else None
+
+
+_PEM_CACHE: dict[str, tuple[tuple[int, int, int], str | None]] = {}
+
+
+def _read_pem(path: str) -> str | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
+    cached = _PEM_CACHE.get(path)
+    if cached is not None and cached[0] == stamp:
+        return cached[1]
+    try:
+        with open(path, encoding="ascii") as handle:
+            text: str | None = handle.read(1024 * 1024)
+    except (OSError, UnicodeDecodeError):
+        text = None
+    if text is not None and "-----BEGIN CERTIFICATE-----" not in text:
+        text = None
+    _PEM_CACHE[path] = (stamp, text)
+    return text
+
+
 class ImagePullerSettings(_Section):
     enabled: bool = True
     """Inject the image-puller init container (false: the opt-out)."""
+    mode: Literal["socket", "agent"] = "socket"
+    """socket: the init container mounts the node's runtime socket (hostPath, root); agent: it asks the node agent."""
+    agent: AgentSettings = AgentSettings()
     scope: Literal["copilot", "all"] = "copilot"
     """copilot: copilot pods only; all: every pod the webhook sees."""
     images: tuple[str, ...] = ("*",)
@@ -279,11 +333,11 @@ class ImagePullerSettings(_Section):
     def own_images(self) -> frozenset[str]:
         """The puller images themselves, normalised: never pre-pulled."""
         own = set()
-        for flavour in FLAVOURS:
+        for image in [*(self.puller_images.of(flavour) for flavour in FLAVOURS), self.agent.image]:
             try:
-                own.add(str(parse(self.puller_images.of(flavour))))
+                own.add(str(parse(image)))
             except InvalidReference:
-                own.add(self.puller_images.of(flavour))
+                own.add(image)
         return frozenset(own)
 
     @field_validator("registries")

@@ -20,7 +20,7 @@ import logging
 import os
 import socket
 import ssl
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -62,12 +62,21 @@ def _raw(response: Any) -> objects.JSONObject:
 
 class CertificateManager:
     def __init__(
-        self, api: client.ApiClient, secret: str, namespace: str, *, webhook_config: str, service: str, days: int
+        self,
+        api: client.ApiClient,
+        secret: str,
+        namespace: str,
+        *,
+        webhook_config: str,
+        service: str,
+        days: int,
+        dns: Sequence[str] = (),
     ) -> None:
+        """`dns`: more names the certificate covers (the node agent's Service, which serves with it)."""
         self.core = client.CoreV1Api(api)
         self.admission = client.AdmissionregistrationV1Api(api)
         self.secret, self.namespace, self.webhook_config = secret, namespace, webhook_config
-        self.names = service_dns_names(service, namespace)
+        self.names = [*service_dns_names(service, namespace), *(n for n in dns if n)]
         self.days = days
 
     # --- reads ----------------------------------------------------------------------------------------

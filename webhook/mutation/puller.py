@@ -1,10 +1,15 @@
-"""The image-puller init container (spec 1.3): which images, the container, its socket volume, and the
-node-affinity pin for heterogeneous clusters. Pure.
+"""The image-puller init container (spec 1.3, 1.3a): which images, the container, its volumes, and the
+node-affinity pin for heterogeneous clusters. Pure, but for the agent's CA bundle, read from its file.
 
-The puller runs first among the init containers and pulls every selected image through the node's
-runtime socket, in parallel, so the kubelet finds them present. It is the only container that sees the
-socket, and it runs with the least the socket allows: root (the socket is root's), no privilege
-escalation, no capabilities, a read-only root filesystem.
+The puller runs first among the init containers so the kubelet finds the images present. Two modes:
+
+- socket: it pulls through the node's runtime socket, a hostPath volume. It is the only container that
+  sees the socket, and runs with the least the socket allows: root (the socket is root's), no privilege
+  escalation, no capabilities, a read-only root filesystem. Levels baseline and restricted forbid it.
+- agent: it asks the node agent (a DaemonSet, the only holder of the socket) over TLS, with a projected
+  ServiceAccount token of the agent's audience; it runs as Pod Security `restricted` requires (non-root,
+  no capabilities, RuntimeDefault seccomp, no hostPath), so every level admits it and no runtime is
+  decided at admission: the node's agent knows its own.
 """
 
 from __future__ import annotations
@@ -32,6 +37,9 @@ VOLUME_NAME = "copilot-webhook-runtime-socket"
 SECRETS_VOLUME = "copilot-webhook-pull-secrets"
 SECRETS_PATH = "/var/run/copilot-webhook/pull-secrets"
 PULLER_COMMAND = "copilot-webhook-pull"
+TOKEN_VOLUME = "copilot-webhook-agent-token"  # noqa: S105 (a volume name)
+TOKEN_PATH = "/var/run/copilot-webhook/agent-token"  # noqa: S105 (a mount path)
+AGENT_CA_ENV = "COPILOT_WEBHOOK_AGENT_CA"
 
 
 def _kubelet_pulls_anyway(container: objects.Container, reference: Reference) -> bool:
@@ -86,13 +94,14 @@ def pull_secrets(view: PodView) -> list[str]:
     return list(dict.fromkeys(n for n in names if isinstance(n, str) and n))
 
 
-def secrets_volume(names: list[str]) -> objects.Volume:
-    """Each secret's .dockerconfigjson as <name>.json; optional, as the kubelet treats a missing pull secret."""
+def secrets_volume(names: list[str], *, mode: int = 0o440) -> objects.Volume:
+    """Each secret's .dockerconfigjson as <name>.json; optional, as the kubelet treats a missing pull secret.
+    Only the puller mounts it: 0440 for the root socket puller, 0444 for the agent's non-root client."""
     sources = [
         {"secret": {"name": n, "items": [{"key": ".dockerconfigjson", "path": f"{n}.json"}], "optional": True}}
         for n in names
     ]
-    return {"name": SECRETS_VOLUME, "projected": {"sources": sources, "defaultMode": 0o440}}
+    return {"name": SECRETS_VOLUME, "projected": {"sources": sources, "defaultMode": mode}}
 
 
 def puller_container(
@@ -158,6 +167,46 @@ def container_template(settings: ImagePullerSettings) -> objects.Container:
     }
 
 
+def agent_container(images: list[str], settings: ImagePullerSettings, ca: str, *, secrets: bool) -> objects.Container:
+    """The client that asks the node agent: Pod Security `restricted` as the API server checks it."""
+    template = settings.memo(container_template)
+    agent = settings.agent
+    args = [
+        f"--agent=https://{agent.address}",
+        f"--agent-ca-env={AGENT_CA_ENV}",
+        f"--token={TOKEN_PATH}/token",
+        f"--connect-timeout={agent.connect_timeout_seconds}",
+    ]
+    mounts: list[dict[str, Any]] = [{"name": TOKEN_VOLUME, "mountPath": TOKEN_PATH, "readOnly": True}]
+    if secrets:
+        mounts.append({"name": SECRETS_VOLUME, "mountPath": SECRETS_PATH, "readOnly": True})
+        args.append(f"--pull-secrets={SECRETS_PATH}")
+    return {
+        "name": PULLER_NAME,
+        "image": agent.image,
+        **template,
+        "args": [*args, *template["args"], *images],
+        "env": [{"name": AGENT_CA_ENV, "value": ca}],
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "privileged": False,
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "runAsUser": agent.run_as_user,
+            "runAsGroup": agent.run_as_user,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "volumeMounts": mounts,
+    }
+
+
+def token_volume(settings: ImagePullerSettings) -> objects.Volume:
+    """A token of the agent's audience, bound to this pod: the kubelet writes and renews it."""
+    token = {"audience": settings.agent.audience, "expirationSeconds": settings.agent.token_seconds, "path": "token"}
+    return {"name": TOKEN_VOLUME, "projected": {"sources": [{"serviceAccountToken": token}]}}
+
+
 def socket_volume(runtime: Runtime) -> objects.Volume:
     return {"name": VOLUME_NAME, "hostPath": {"path": runtime.socket, "type": "Socket"}}
 
@@ -171,24 +220,26 @@ def _volume_names(view: PodView) -> set[str]:
 
 
 def _clash(container: bool, names: set[str], recorded: bool) -> str | None:
-    """The name of ours the pod uses without our record of having put all of ours there, if any."""
-    volume = VOLUME_NAME in names
-    if (container or volume) and not (recorded and container and volume):
-        return PULLER_NAME if container else VOLUME_NAME
+    """The name of ours the pod uses without our record of having put the puller there with its own
+    volume (the socket's, or the agent token's), if any."""
+    socket, token = VOLUME_NAME in names, TOKEN_VOLUME in names
+    ours = recorded and container and (socket != token)  # exactly one mode's volume
+    if (container or socket or token) and not ours:
+        return PULLER_NAME if container else VOLUME_NAME if socket else TOKEN_VOLUME
     if SECRETS_VOLUME in names and not (recorded and container):
         return SECRETS_VOLUME
     return None
 
 
 def already_injected(view: PodView, recorded: bool) -> bool:
-    """True when our puller is in place. A container or volume with our names that we did not record
-    putting there is someone else's: a clash, never silently reused, and Undecidable (spec 1.3)."""
+    """True when our puller is in place, in either mode. A container or volume with our names that we did
+    not record putting there is someone else's: a clash, never silently reused, and Undecidable (spec 1.3)."""
     container = any(c.name == PULLER_NAME for c in view.containers)
     names = _volume_names(view)
     taken = _clash(container, names, recorded)
     if taken is not None:
         raise Undecidable(f"the name {taken} is already used by the pod")
-    return container and VOLUME_NAME in names
+    return container
 
 
 def insert_ops(
@@ -197,20 +248,37 @@ def insert_ops(
     why = f"pull {len(images)} image(s) through the {runtime.flavour} socket before the other containers start"
     secrets = pull_secrets(view)
     container = puller_container(runtime, images, settings, secrets=secrets)
-    ops: list[tuple[Operation, str]] = []
-    if isinstance(view.spec.get("initContainers"), list):
-        ops.append((add("/spec/initContainers/0", container), why))
-    else:
-        ops.append((add("/spec/initContainers", [container]), why))
-    volume = socket_volume(runtime)
-    vwhy = f"the {runtime.flavour} socket {runtime.socket}, mounted in the puller only"
-    added = [(volume, vwhy)]
+    added = [(socket_volume(runtime), f"the {runtime.flavour} socket {runtime.socket}, mounted in the puller only")]
     if secrets:
         added.append((secrets_volume(secrets), "the pod's image pull secrets, for the puller only"))
-    if isinstance(view.spec.get("volumes"), list):
-        ops += [(add("/spec/volumes/-", v), w) for v, w in added]
+    return _insert(view, (container, why), added)
+
+
+def agent_ops(
+    view: PodView, images: list[str], ca: str, *, settings: ImagePullerSettings
+) -> list[tuple[Operation, str]]:
+    why = f"ask the node agent to pull {len(images)} image(s) before the other containers start"
+    secrets = pull_secrets(view)
+    container = agent_container(images, settings, ca, secrets=bool(secrets))
+    added = [(token_volume(settings), f"a token of audience {settings.agent.audience} for the puller only")]
+    if secrets:
+        added.append((secrets_volume(secrets, mode=0o444), "the pod's image pull secrets, for the puller only"))
+    return _insert(view, (container, why), added)
+
+
+def _insert(
+    view: PodView, container: tuple[objects.Container, str], volumes: list[tuple[objects.Volume, str]]
+) -> list[tuple[Operation, str]]:
+    """The puller first among the init containers, and its volumes after the pod's."""
+    ops: list[tuple[Operation, str]] = []
+    if isinstance(view.spec.get("initContainers"), list):
+        ops.append((add("/spec/initContainers/0", container[0]), container[1]))
     else:
-        ops.append((add("/spec/volumes", [v for v, _w in added]), vwhy))
+        ops.append((add("/spec/initContainers", [container[0]]), container[1]))
+    if isinstance(view.spec.get("volumes"), list):
+        ops += [(add("/spec/volumes/-", v), w) for v, w in volumes]
+    else:
+        ops.append((add("/spec/volumes", [v for v, _w in volumes]), volumes[0][1]))
     return ops
 
 
@@ -273,6 +341,8 @@ def plan_puller(
         return _skip("not-copilot")
     if already_injected(view, recorded):
         return _skip("already-injected")
+    if settings.mode == "agent":
+        return _plan_agent(view, settings)
     if level.forbids_privilege:
         return _skip("pod-security", f"no image puller: {level} forbids its hostPath socket volume")
     images = select_images(view, settings)
@@ -291,6 +361,19 @@ def plan_puller(
     result.ops += insert_ops(view, runtime, images, settings=settings)
     result.warnings += registry_warnings(images, runtime, settings)
     return result
+
+
+def _plan_agent(view: PodView, settings: ImagePullerSettings) -> PullerResult:
+    """No runtime decided here, no level to check: the client is `restricted`, and the node's agent
+    knows its own runtime."""
+    images = select_images(view, settings)
+    if not images:
+        return _skip("no-images")
+    ca = settings.agent.ca()
+    if ca is None:
+        where = settings.agent.ca_file or "none set"
+        return _skip("agent-untrusted", f"no image puller: no CA bundle to verify the node agent (caFile: {where})")
+    return PullerResult(ops=agent_ops(view, images, ca, settings=settings), decision=f"agent:{settings.agent.address}")
 
 
 def registry_warnings(images: list[str], runtime: Runtime, settings: ImagePullerSettings) -> list[str]:

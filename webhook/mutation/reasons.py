@@ -24,4 +24,5 @@ PullerSkip = Literal[
     "unknown-runtime",
     "heterogeneous",
     "heterogeneous-sockets",
+    "agent-untrusted",
 ]

@@ -9,6 +9,8 @@ says so and exits 0 (`Ignore`), so the kubelet pulls as usual. SIGTERM (it runs 
 once: calls in flight are cancelled and child processes killed. Runs in the puller image: the standard
 library and grpcio only.
 
+With --agent (spec 1.3a) it holds no socket: it asks the node agent to pull (webhook/pull/ask.py).
+
 Nothing the pod author writes is read as an option: references are parsed first (one starting with `-`
 is invalid), travel in API messages, and follow `--` where a command line carries them.
 """
@@ -149,8 +151,14 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="copilot-webhook-pull", description=__doc__.splitlines()[0] if __doc__ else None
     )
-    parser.add_argument("--runtime", choices=["cri", "docker"], required=True, help="the API the socket serves")
-    parser.add_argument("--socket", required=True, help="the runtime socket, e.g. /run/containerd/containerd.sock")
+    parser.add_argument("--runtime", choices=["cri", "docker"], help="the API the socket serves")
+    parser.add_argument("--socket", help="the runtime socket, e.g. /run/containerd/containerd.sock")
+    parser.add_argument("--agent", metavar="URL", help="ask the node agent at this https:// URL instead of a socket")
+    parser.add_argument("--agent-ca-env", metavar="VAR", help="with --agent: the variable holding its CA bundle")
+    parser.add_argument("--token", metavar="FILE", help="with --agent: the projected token to present")
+    parser.add_argument(
+        "--connect-timeout", type=float, default=10, help="with --agent: seconds to reach it (default 10)"
+    )
     parser.add_argument("--timeout", type=float, default=300, help="seconds for everything (default 300)")
     parser.add_argument("--failure-policy", choices=["Ignore", "Fail"], default="Ignore")
     parser.add_argument("--retries", type=int, default=3, help="attempts per image, transient failures (default 3)")
@@ -182,6 +190,15 @@ def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error(f"--timeout must be more than 0 and at most {MAX_TIMEOUT} seconds, not {args.timeout}")
     if not 0 <= args.backoff <= args.timeout:
         parser.error(f"--backoff must be from 0 to --timeout seconds, not {args.backoff}")
+    if args.agent is not None:
+        if args.runtime or args.socket or args.pod_network_registry:
+            parser.error("--agent asks the node agent: it takes no --runtime, --socket or --pod-network-registry")
+        if not args.agent_ca_env or not args.token:
+            parser.error("--agent needs --agent-ca-env and --token")
+        if not 0 < args.connect_timeout <= args.timeout:
+            parser.error(f"--connect-timeout must be more than 0 and at most --timeout, not {args.connect_timeout}")
+    elif not args.runtime or not args.socket:
+        parser.error("either --runtime and --socket, or --agent, is required")
     if args.pod_network_registry and args.runtime != "cri":
         parser.error("--pod-network-registry needs --runtime=cri (containerd)")
     if args.pull_secrets is not None and not os.path.isdir(args.pull_secrets):
@@ -196,6 +213,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not images:
         print("summary present=0 pulled=0 failed=0 cancelled=0: no images to pull", flush=True)
         return 0
+    if args.agent is not None:
+        return _ask_agent(args, images)
     keyring, problems = Keyring.from_directory(args.pull_secrets)
     for problem in problems:
         print(problem, flush=True)
@@ -217,6 +236,46 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     outcomes = puller.run(images, args.parallel)
+    for outcome in outcomes:
+        print(outcome.line(), flush=True)
+    return _summary(outcomes, args.failure_policy)
+
+
+def _ask_agent(args: argparse.Namespace, images: list[str]) -> int:
+    """Agent mode: one request to the node's agent, its answer printed as the socket mode prints its own."""
+    from webhook.pull.ask import Asker, ca_from_env
+
+    started = time.monotonic()
+    try:
+        asker = Asker(
+            args.agent,
+            ca_from_env(args.agent_ca_env),
+            args.token,
+            connect_timeout=args.connect_timeout,
+            secrets_directory=args.pull_secrets,
+        )
+    except ValueError as exc:
+        print(f"node agent: {exc}", flush=True)
+        return _summary([PullOutcome(i, "failed", 0, 0.0, str(exc)) for i in images], args.failure_policy)
+    stopping = threading.Event()
+
+    def stop(signum: int, _frame: FrameType | None) -> None:
+        print(f"{signal.Signals(signum).name}: stopping, abandoning the request to the node agent", flush=True)
+        stopping.set()
+        asker.cancel()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        answers, problems = asker.ask(images, started + args.timeout)
+        outcomes = [PullOutcome(*answer) for answer in answers]
+    except PullError as exc:
+        problems = [] if stopping.is_set() else [f"node agent: {exc.message}"]
+        result = "cancelled" if stopping.is_set() else "failed"
+        error = "" if stopping.is_set() else "the node agent did not pull it"
+        outcomes = [PullOutcome(i, result, 0, time.monotonic() - started, error) for i in images]
+    for line in problems:
+        print(line, flush=True)
     for outcome in outcomes:
         print(outcome.line(), flush=True)
     return _summary(outcomes, args.failure_policy)

@@ -54,21 +54,35 @@ class Keyring:
     def from_directory(cls, directory: str | None) -> tuple[Keyring, list[str]]:
         """Every file of the directory (one per secret) read as a .dockerconfigjson; problems are returned,
         never raised: a broken secret must not stop the images that need none."""
-        entries: list[Credential] = []
         problems: list[str] = []
         try:
             files = sorted(p for p in Path(directory).iterdir() if p.is_file()) if directory else []
         except OSError as exc:  # the pod runs without CAP_DAC_OVERRIDE: root cannot read what root may not
             return cls([]), [f"pull secrets {directory} ignored: {exc.strerror}"]
+        documents: dict[str, bytes] = {}
         for path in files:
             try:
-                found, skipped = _credentials(path)
-                entries += found
-                problems += [f"pull secret {path.name}: {problem}" for problem in skipped]
-            except (OSError, ValueError) as exc:
+                with path.open("rb") as file:
+                    documents[path.name] = file.read(SECRET_LIMIT + 1)
+            except OSError as exc:
                 problems.append(f"pull secret {path.name} ignored: {exc}")
+        keyring, more = cls.from_documents(documents)
+        return keyring, problems + more
+
+    @classmethod
+    def from_documents(cls, documents: dict[str, bytes]) -> tuple[Keyring, list[str]]:
+        """Each document (one per secret, by name) read as a .dockerconfigjson; problems are returned."""
+        entries: list[Credential] = []
+        problems: list[str] = []
+        for name, data in documents.items():
+            try:
+                found, skipped = _credentials(data)
+                entries += found
+                problems += [f"pull secret {name}: {problem}" for problem in skipped]
+            except ValueError as exc:
+                problems.append(f"pull secret {name} ignored: {exc}")
             except RecursionError:  # the API server stores JSON nested deeper than Python's parser recurses
-                problems.append(f"pull secret {path.name} ignored: nested too deeply to read")
+                problems.append(f"pull secret {name} ignored: nested too deeply to read")
         return cls(entries), problems
 
     def lookup(self, reference: Reference) -> list[Credential]:
@@ -83,11 +97,9 @@ class Keyring:
         return [credential for *_rank, credential in sorted(matches)]
 
 
-def _credentials(path: Path) -> tuple[list[Credential], list[str]]:
-    """The file's credentials, and the entries skipped because their registry key is no URL (the kubelet
-    skips those alone, and so do we: they would fail every lookup)."""
-    with path.open("rb") as file:
-        data = file.read(SECRET_LIMIT + 1)
+def _credentials(data: bytes) -> tuple[list[Credential], list[str]]:
+    """The document's credentials, and the entries skipped because their registry key is no URL (the
+    kubelet skips those alone, and so do we: they would fail every lookup)."""
     if len(data) > SECRET_LIMIT:
         raise ValueError(f"larger than {SECRET_LIMIT} bytes, more than a Secret holds")
     document = json.loads(data)

@@ -15,7 +15,7 @@ import ssl
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any, NamedTuple
@@ -182,6 +182,7 @@ class ManagedTLS(NamedTuple):
     webhook_config: str
     service: str
     days: int  # the certificate's validity
+    dns: Sequence[str] = ()  # more names it covers (the node agent's Service)
 
 
 def serve(
@@ -349,14 +350,14 @@ def _keeper(
     metrics: Metrics,
 ) -> AdmissionKeeper | None:
     """Watch our webhook configuration; with a Secret, make sure a certificate is on disk before serving."""
-    secret, webhook_config, service, days = managed
+    secret, webhook_config, service, days, dns = managed
     namespace = own_namespace()
     try:
         api = api_client(settings.cluster)
         if api is None or namespace is None:
             raise ClusterAccessError("--webhook-config needs cluster access and the pod's namespace ($POD_NAMESPACE)")
         manager = CertificateManager(
-            api, secret or "", namespace, webhook_config=webhook_config, service=service, days=days
+            api, secret or "", namespace, webhook_config=webhook_config, service=service, days=days, dns=dns
         )
         if check_address is None:
             # Our own listener, as the API server would dial it: not whichever replica the Service picks.

@@ -1,0 +1,601 @@
+"""copilot-webhook-agent: the node agent of the image puller's agent mode (spec 1.3a).
+
+A DaemonSet pod, the only holder of its node's runtime socket. It learns its node's runtime from the
+Node object's containerRuntimeVersion (the kubelet's own report) and finds that runtime's socket under
+the host directory it is given. Pods on its node ask it, over HTTPS, to pull the images they name:
+
+    POST /v1/pull   Authorization: Bearer <projected token of the agent's audience>
+                    {"images": [...], "pullSecrets": {"<name>": "<.dockerconfigjson>"}, "timeoutSeconds": N}
+    200 {"node", "runtime", "results": [{"image", "result", "attempts", "seconds", "error"}]}
+    GET  /healthz   200 ok
+
+Who may ask: the token must pass a TokenReview for the agent's audience and be bound to a pod (the
+TokenReview's extra pod name and uid); that pod must still exist with that uid, run on this node, under
+the token's service account, and name every image asked for. Nothing else is read from the caller: its
+pull secrets are its own (its pod's imagePullSecrets, mounted into it), so the agent reads no Secret.
+
+Concurrent requests for one image with the same credentials are one pull. Bounds: connections at once
+(more are closed on arrival), a request head and body within HEAD_SECONDS, a body of BODY_LIMIT bytes,
+IMAGES_LIMIT images, and every pull within the request's timeout (at most --timeout).
+
+Written on http.server rather than the webhook's server stack: the agent runs in the puller image
+(the standard library and grpcio), serves one small request per pod, and needs no more than these bounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import http.server
+import json
+import logging
+import os
+import signal
+import socket
+import socketserver
+import ssl
+import stat
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any
+
+from webhook.errors import InvalidReference
+from webhook.pull import MAX_TIMEOUT, Puller, PullOutcome
+from webhook.pull.clients import Client, CRIClient, DockerClient
+from webhook.pull.keyring import Keyring
+from webhook.pull.kubeapi import APIError, KubeAPI
+from webhook.references import normalise
+
+log = logging.getLogger("copilot-webhook-agent")
+
+BODY_LIMIT = 4 * 1024 * 1024  # images and pull secrets; a pod's whole spec is smaller
+IMAGES_LIMIT = 256
+TOKEN_LIMIT = 16 * 1024
+HEAD_SECONDS = 15.0  # default: the TLS handshake, the head and the body, from the connection's arrival
+POD_NAME, POD_UID = "authentication.kubernetes.io/pod-name", "authentication.kubernetes.io/pod-uid"
+SERVICE_ACCOUNT_PREFIX = "system:serviceaccount:"
+# Where each runtime keeps its socket, relative to the host directory given (the host's /run, or the
+# socket's own directory): the usual place first.
+SOCKETS = {
+    "containerd": ("containerd/containerd.sock", "k3s/containerd/containerd.sock", "containerd.sock"),
+    "cri-o": ("crio/crio.sock", "crio.sock"),
+    "docker": ("docker.sock",),
+}
+
+
+class Refused(Exception):
+    """A request the agent will not serve: its HTTP status and why, in words the caller can act on."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+# --- who may ask ------------------------------------------------------------------------------------
+
+
+def _object(parent: dict[str, Any], key: str) -> dict[str, Any]:
+    """The object under the key, or an empty one where there is none (or not an object)."""
+    value = parent.get(key)
+    return value if isinstance(value, dict) else {}
+
+
+@dataclass(frozen=True)
+class Caller:
+    namespace: str
+    pod: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.pod}"
+
+
+def pod_images(pod: dict[str, Any]) -> set[str]:
+    """The images a pod's spec names (containers and init containers), normalised."""
+    spec = _object(pod, "spec")
+    named: set[str] = set()
+    for field in ("initContainers", "containers"):
+        containers = spec.get(field)
+        for container in containers if isinstance(containers, list) else []:
+            image = container.get("image") if isinstance(container, dict) else None
+            if isinstance(image, str):
+                with contextlib.suppress(InvalidReference):
+                    named.add(normalise(image))
+    return named
+
+
+class Gate:
+    def __init__(self, api: KubeAPI, audience: str, node: str) -> None:
+        self.api, self.audience, self.node = api, audience, node
+
+    def admit(self, token: str, images: list[str]) -> Caller:
+        """The pod the token speaks for, once it may ask for these images; Refused otherwise."""
+        try:
+            status = self.api.review_token(token, self.audience)
+        except APIError as exc:
+            raise Refused(503, f"cannot check the token now: {exc}") from None
+        if status.get("authenticated") is not True:
+            raise Refused(401, f"the token is not valid: {status.get('error') or 'not authenticated'}")
+        if self.audience not in (status.get("audiences") or []):
+            raise Refused(401, f"the token is not for audience {self.audience}")
+        user = _object(status, "user")
+        username = str(user.get("username", ""))
+        extra = _object(user, "extra")
+        names, uids = extra.get(POD_NAME) or [], extra.get(POD_UID) or []
+        parts = username.removeprefix(SERVICE_ACCOUNT_PREFIX).split(":")
+        if not username.startswith(SERVICE_ACCOUNT_PREFIX) or len(parts) != 2 or len(names) != 1 or len(uids) != 1:
+            raise Refused(403, "the token is not a service account token bound to a pod")
+        namespace, account = parts
+        caller = Caller(namespace, str(names[0]))
+        pod = self._pod(caller)
+        meta, spec = _object(pod, "metadata"), _object(pod, "spec")
+        if meta.get("uid") != uids[0]:
+            raise Refused(403, f"the token's pod {caller} no longer exists (its uid changed)")
+        if spec.get("nodeName") != self.node:
+            raise Refused(403, f"pod {caller} runs on node {spec.get('nodeName') or '(none)'}, not on {self.node}")
+        if (spec.get("serviceAccountName") or "default") != account:
+            raise Refused(403, f"pod {caller} does not run as service account {account}")
+        named = pod_images(pod)
+        for image in images:
+            if normalise(image) not in named:
+                raise Refused(403, f"pod {caller} does not name the image {image[:200]}")
+        return caller
+
+    def _pod(self, caller: Caller) -> dict[str, Any]:
+        try:
+            return self.api.pod(caller.namespace, caller.pod)
+        except APIError as exc:
+            if exc.status == 404:
+                raise Refused(403, f"the token's pod {caller} no longer exists") from None
+            raise Refused(503, f"cannot read pod {caller} now: {exc}") from None
+
+
+# --- one pull per image and credentials -------------------------------------------------------------
+
+
+def _fingerprint(keyring: Keyring) -> str:
+    digest = hashlib.sha256()
+    for credential in keyring.entries:
+        digest.update(json.dumps(list(credential)).encode())
+    return digest.hexdigest()
+
+
+class Flights:
+    """Pulls in progress, each shared by every request for the same image with the same credentials: a
+    request that asks with other credentials pulls for itself, so nobody is told an image is theirs on
+    the strength of someone else's secret."""
+
+    def __init__(self, clients: dict[str, Client], *, workers: int, retries: int, backoff: float) -> None:
+        self.clients, self.retries, self.backoff = clients, retries, backoff
+        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="pull")
+        self.lock = threading.Lock()
+        self.running: dict[tuple[str, str], Future[PullOutcome]] = {}
+        self.pullers: set[Puller] = set()
+        self.stopping = threading.Event()
+        self.pulls = 0  # flights started, for tests and logs
+
+    def _start(self, image: str, keyring: Keyring, deadline: float) -> Future[PullOutcome]:
+        puller = Puller(self.clients, {}, keyring, deadline=deadline, retries=self.retries, backoff=self.backoff)
+        self.pullers.add(puller)
+        if self.stopping.is_set():
+            puller.stopping.set()
+        self.pulls += 1
+
+        def run() -> PullOutcome:
+            try:
+                return puller.one(image)
+            finally:
+                with self.lock:
+                    self.pullers.discard(puller)
+
+        return self.pool.submit(run)
+
+    def pull(self, images: list[str], keyring: Keyring, deadline: float) -> list[PullOutcome]:
+        fingerprint = _fingerprint(keyring)
+        futures: list[Future[PullOutcome]] = []
+        with self.lock:
+            for image in images:
+                key = (normalise(image), fingerprint)
+                future = self.running.get(key)
+                if future is None:
+                    future = self._start(image, keyring, deadline)
+                    self.running[key] = future
+                    future.add_done_callback(self._forget(key))
+                futures.append(future)
+        wait(futures, timeout=max(deadline - time.monotonic(), 0))
+        outcomes = []
+        for image, future in zip(images, futures, strict=True):
+            if future.done():
+                outcome = future.result()
+                outcomes.append(PullOutcome(image, outcome.result, outcome.attempts, outcome.seconds, outcome.error))
+            else:
+                outcomes.append(PullOutcome(image, "failed", 0, 0.0, "timed out waiting for the node's pull"))
+        return outcomes
+
+    def _forget(self, key: tuple[str, str]) -> Callable[[Future[PullOutcome]], None]:
+        def done(_future: Future[PullOutcome]) -> None:
+            with self.lock:
+                self.running.pop(key, None)
+
+        return done
+
+    def stop(self) -> None:
+        self.stopping.set()
+        with self.lock:
+            for puller in self.pullers:
+                puller.stopping.set()
+        for client in self.clients.values():
+            client.cancel()
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+# --- the request ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PullRequest:
+    images: list[str]
+    secrets: dict[str, bytes]
+    timeout: float
+
+
+def parse_request(body: bytes, max_timeout: float) -> PullRequest:
+    try:
+        document = json.loads(body)
+    except (ValueError, RecursionError):
+        raise Refused(400, "the body is not JSON") from None
+    if not isinstance(document, dict):
+        raise Refused(400, "the body must be a JSON object with images, pullSecrets and timeoutSeconds")
+    images = document.get("images")
+    if not isinstance(images, list) or not images or not all(isinstance(i, str) and i for i in images):
+        raise Refused(400, "images must be a non-empty array of image references")
+    if len(images) > IMAGES_LIMIT:
+        raise Refused(400, f"images: at most {IMAGES_LIMIT}, not {len(images)}")
+    for image in images:
+        try:
+            normalise(image)
+        except InvalidReference as exc:
+            raise Refused(400, f"images: {exc}") from None
+    secrets = document.get("pullSecrets", {})
+    if not isinstance(secrets, dict) or not all(isinstance(v, str) for v in secrets.values()):
+        raise Refused(400, "pullSecrets must be an object of secret name to .dockerconfigjson text")
+    timeout = document.get("timeoutSeconds", max_timeout)
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout < float("inf"):
+        raise Refused(400, "timeoutSeconds must be a positive number")
+    return PullRequest(list(images), {str(k): v.encode() for k, v in secrets.items()}, min(float(timeout), max_timeout))
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    server: AgentServer
+    protocol_version = "HTTP/1.1"
+    server_version = "copilot-webhook-agent"
+    sys_version = ""
+
+    def setup(self) -> None:
+        super().setup()
+        self.close_connection = True  # one request per connection: a pod asks once
+
+    def _answer(self, status: int, document: dict[str, Any]) -> None:
+        body = json.dumps(document).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """http.server's own refusals (a malformed head, one too long), as JSON like every other answer."""
+        with contextlib.suppress(OSError):
+            self._answer(code, {"error": message or http.server.BaseHTTPRequestHandler.responses[code][0]})
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("%s %s", self.client_address[0], format % args)
+
+    def do_GET(self) -> None:
+        self.server.head_done(self.connection)
+        if self.path == "/healthz":
+            health = {"status": "ok", "node": self.server.node, "runtime": self.server.runtime}
+            self._answer(200, health | {"pulls": self.server.flights.pulls})
+        else:
+            self._answer(404, {"error": f"no such path {self.path[:100]}: POST /v1/pull, GET /healthz"})
+
+    def do_POST(self) -> None:
+        started = time.monotonic()
+        try:
+            caller, outcomes = self._pull()
+        except Refused as exc:
+            self.server.head_done(self.connection)
+            log.info("refused %s: %s", self.client_address[0], exc.message)
+            self._answer(exc.status, {"error": exc.message})
+            return
+        counts = {r: sum(o.result == r for o in outcomes) for r in ("present", "pulled", "failed", "cancelled")}
+        log.info(
+            "pull %s images=%d %s seconds=%.1f",
+            caller,
+            len(outcomes),
+            " ".join(f"{k}={v}" for k, v in counts.items()),
+            time.monotonic() - started,
+        )
+        results = [o.__dict__ for o in outcomes]
+        self._answer(200, {"node": self.server.node, "runtime": self.server.runtime, "results": results})
+
+    def _pull(self) -> tuple[Caller, list[PullOutcome]]:
+        if self.path != "/v1/pull":
+            raise Refused(404, f"no such path {self.path[:100]}: POST /v1/pull")
+        if self.headers.get_content_type() != "application/json":
+            raise Refused(415, "the body must be application/json")
+        length = self.headers.get("Content-Length", "")
+        if not length.isdigit():
+            raise Refused(411, "a Content-Length is required")
+        if int(length) > BODY_LIMIT:
+            raise Refused(413, f"the body is larger than {BODY_LIMIT} bytes")
+        body = self.rfile.read(int(length))
+        if len(body) < int(length):
+            raise Refused(400, "the body ended before its Content-Length")
+        self.server.head_done(self.connection)
+        scheme, _, token = self.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not token.strip() or len(token) > TOKEN_LIMIT:
+            raise Refused(401, "a bearer token of the agent's audience is required")
+        request = parse_request(body, self.server.max_timeout)
+        caller = self.server.gate.admit(token.strip(), request.images)
+        keyring, problems = Keyring.from_documents(request.secrets)
+        for problem in problems:
+            log.info("%s: %s", caller, problem)
+        deadline = time.monotonic() + request.timeout
+        return caller, self.server.flights.pull(request.images, keyring, deadline)
+
+
+class AgentServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 128
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        tls: ReloadingContext,
+        gate: Gate,
+        flights: Flights,
+        *,
+        node: str,
+        runtime: str,
+        max_connections: int,
+        max_timeout: float,
+        head_seconds: float = HEAD_SECONDS,
+    ) -> None:
+        self.head_seconds = head_seconds
+        self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+        super().__init__(address, Handler)
+        self.tls, self.gate, self.flights = tls, gate, flights
+        self.node, self.runtime, self.max_timeout = node, runtime, max_timeout
+        self.slots = threading.BoundedSemaphore(max_connections)
+        self.timers: dict[int, _Cut] = {}
+        self.timers_lock = threading.Lock()
+
+    def server_bind(self) -> None:
+        if self.address_family == socket.AF_INET6:
+            self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        super().server_bind()
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self.slots.acquire(blocking=False):
+            log.warning("refused a connection from %s: %s at once already", client_address[0], "all slots taken")
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        cut = _Cut(request, self.head_seconds)
+        with self.timers_lock:
+            self.timers[id(request)] = cut
+        cut.timer.start()
+        try:
+            request.settimeout(self.head_seconds)
+            wrapped = self.tls.context().wrap_socket(request, server_side=True)
+            with self.timers_lock:  # wrapping moved the descriptor: cut the wrapped socket from now on
+                self.timers[id(wrapped)] = self.timers.pop(id(request))
+                cut.sock = wrapped
+            self.finish_request(wrapped, client_address)
+        except (OSError, ssl.SSLError) as exc:
+            log.debug("connection from %s ended: %s", client_address[0], exc)
+        except Exception:  # a defect: logged with its stack, the agent keeps serving
+            log.exception("connection from %s", client_address[0])
+        finally:
+            cut.timer.cancel()
+            with self.timers_lock:
+                self.timers.pop(id(cut.sock), None)
+            self.shutdown_request(cut.sock)
+            self.slots.release()
+
+    def head_done(self, connection: Any) -> None:
+        """The request has arrived whole: its time bound no longer runs (pulls have their own)."""
+        with self.timers_lock:
+            cut = self.timers.pop(id(connection), None)
+        if cut is not None:
+            cut.timer.cancel()
+        with contextlib.suppress(OSError):
+            connection.settimeout(None)
+
+
+class _Cut:
+    """A connection's time bound: so long after its arrival, whatever socket carries it is shut."""
+
+    def __init__(self, sock: Any, seconds: float) -> None:
+        self.sock = sock
+        self.timer = threading.Timer(seconds, self._fire)
+        self.timer.daemon = True
+
+    def _fire(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+
+
+class ReloadingContext:
+    """The serving context, rebuilt when the certificate files change (a mounted Secret is rotated); a
+    pair that does not load keeps the previous one serving."""
+
+    def __init__(self, cert: str, key: str) -> None:
+        self.cert, self.key = cert, key
+        self._stamp: tuple[tuple[int, int, int], ...] = ()
+        self._context: ssl.SSLContext | None = None
+        self._lock = threading.Lock()
+        self.context()
+
+    def _stamps(self) -> tuple[tuple[int, int, int], ...]:
+        stamps = []
+        for path in (self.cert, self.key):
+            try:
+                st = os.stat(path)
+                stamps.append((st.st_ino, st.st_size, st.st_mtime_ns))
+            except OSError:
+                stamps.append((-1, -1, -1))
+        return tuple(stamps)
+
+    def context(self) -> ssl.SSLContext:
+        with self._lock:
+            stamp = self._stamps()
+            if stamp != self._stamp or self._context is None:
+                self._stamp = stamp
+                context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+                context.minimum_version = ssl.TLSVersion.TLSv1_2
+                context.set_alpn_protocols(["http/1.1"])
+                try:
+                    context.load_cert_chain(self.cert, self.key)
+                    self._context = context
+                    log.info("serving certificate loaded from %s", self.cert)
+                except (OSError, ssl.SSLError) as exc:
+                    log.error("certificate %s not loaded, the previous one serves: %s", self.cert, exc)
+            if self._context is None:
+                raise ValueError(f"cannot load the certificate {self.cert} and key {self.key}")
+            return self._context
+
+
+# --- the node's runtime -----------------------------------------------------------------------------
+
+
+def runtime_of(node: dict[str, Any]) -> str:
+    """The flavour of a Node's runtime: containerRuntimeVersion before `://` (spec 1.4)."""
+    version = str(_object(_object(node, "status"), "nodeInfo").get("containerRuntimeVersion", ""))
+    return version.partition("://")[0] if "://" in version else ""
+
+
+def find_socket(flavour: str, directory: str) -> str:
+    """The first of the runtime's usual sockets under the directory that is a socket; ValueError else."""
+    if flavour not in SOCKETS:
+        raise ValueError(f"the node's runtime {flavour or '(none reported)'!r} is none of {', '.join(SOCKETS)}")
+    for relative in SOCKETS[flavour]:
+        path = os.path.join(directory, relative)
+        with contextlib.suppress(OSError):
+            if stat.S_ISSOCK(os.stat(path).st_mode):
+                return path
+    tried = ", ".join(SOCKETS[flavour])
+    raise ValueError(f"the node runs {flavour}, and none of {tried} under {directory} is a socket")
+
+
+def client_for(flavour: str, path: str) -> Client:
+    return DockerClient(path) if flavour == "docker" else CRIClient(path)
+
+
+# --- the command ------------------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="copilot-webhook-agent", description=__doc__.splitlines()[0] if __doc__ else None
+    )
+    parser.add_argument("--port", type=int, default=8444, help="the HTTPS port (default 8444)")
+    parser.add_argument("--host", default="::", help="the address to listen on (default: every address)")
+    parser.add_argument("--tls-cert", required=True)
+    parser.add_argument("--tls-key", required=True)
+    parser.add_argument("--audience", required=True, help="the audience callers' tokens must be for")
+    parser.add_argument("--node-name", default=os.environ.get("NODE_NAME"), help="this node (default: $NODE_NAME)")
+    parser.add_argument("--socket-directory", default="/host/run", help="the host directory of the runtime sockets")
+    parser.add_argument("--max-connections", type=int, default=64, help="connections at once (default 64)")
+    parser.add_argument("--workers", type=int, default=8, help="pulls at once (default 8)")
+    parser.add_argument("--timeout", type=float, default=300, help="seconds a request may take at most (default 300)")
+    parser.add_argument(
+        "--request-timeout", type=float, default=HEAD_SECONDS, help="seconds for a request to arrive whole (default 15)"
+    )
+    parser.add_argument("--api-server", help="HOST:PORT of the API server (default: the pod's service account)")
+    parser.add_argument("--api-ca-file", help="with --api-server: its CA")
+    parser.add_argument("--api-token-file", help="with --api-server: a token to call it with")
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    return parser
+
+
+def _api(args: argparse.Namespace) -> KubeAPI:
+    if args.api_server is None:
+        return KubeAPI.in_cluster()
+    host, _, port = args.api_server.rpartition(":")
+    if not host or not port.isdigit() or not args.api_ca_file or not args.api_token_file:
+        raise APIError("--api-server must be HOST:PORT, with --api-ca-file and --api-token-file")
+    return KubeAPI(host.strip("[]"), int(port), args.api_ca_file, args.api_token_file)
+
+
+def build(args: argparse.Namespace) -> AgentServer:
+    """The server, its node's runtime found; ValueError or APIError naming what is missing."""
+    if not args.node_name:
+        raise ValueError("--node-name (or $NODE_NAME, from spec.nodeName) is required")
+    if not 0 < args.timeout <= MAX_TIMEOUT or not 0 < args.request_timeout <= 300:
+        raise ValueError("--timeout must be positive and at most a day, --request-timeout at most 300 s")
+    if args.max_connections < 1 or args.workers < 1:
+        raise ValueError("--max-connections and --workers must be positive")
+    api = _api(args)
+    flavour = runtime_of(api.node(args.node_name))
+    path = find_socket(flavour, args.socket_directory)
+    flights = Flights({"default": client_for(flavour, path)}, workers=args.workers, retries=3, backoff=1.0)
+    return AgentServer(
+        (args.host, args.port),
+        ReloadingContext(args.tls_cert, args.tls_key),
+        Gate(api, args.audience, args.node_name),
+        flights,
+        node=args.node_name,
+        runtime=f"{flavour}:{path}",
+        max_connections=args.max_connections,
+        max_timeout=args.timeout,
+        head_seconds=args.request_timeout,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
+    try:
+        server = build(args)
+    except (ValueError, APIError, OSError) as exc:
+        print(f"copilot-webhook-agent: {exc}", file=sys.stderr, flush=True)
+        return 1
+    stop = _stopper(server)
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    log.info("serving on port %d for node %s, runtime %s", args.port, server.node, server.runtime)
+    server.serve_forever(poll_interval=0.5)
+    server.server_close()
+    return 0
+
+
+def _stopper(server: AgentServer) -> Callable[[int, FrameType | None], None]:
+    def stop(signum: int, _frame: FrameType | None) -> None:
+        log.info("%s: stopping; pulls in flight are cancelled", signal.Signals(signum).name)
+        server.flights.stop()
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    return stop
+
+
+def entrypoint() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    entrypoint()
