@@ -1,0 +1,494 @@
+"""The node agent (spec 1.3a) and the client the webhook injects, against the real API server (its
+TokenReview, tokens bound to real pod objects, RBAC as the chart grants it), a real containerd and the
+distribution registry. The agent runs as its own process with the service account the chart gives it;
+the client is the container the webhook generates, run as a process with its args and environment.
+
+Who may ask is proven by refusal: no token, a token of another audience, one bound to no pod, one whose
+pod runs on another node or is gone, and an image its pod does not name.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from certs.authority import generate_ca, issue_serving
+from tests.controlplane import ControlPlane
+from tests.daemons import (
+    TOOLS,
+    Containerd,
+    Registry,
+    build_image,
+    containerd,
+    hanging_server,
+    registry,
+    require,
+    trickling_registry,
+)
+from tests.kube_support import Kube, wait_for
+from tests.server_process import free_port, stop_process
+from tests.support import child_env
+from webhook.config import build_settings
+from webhook.mutation.puller import SECRETS_PATH, TOKEN_PATH, agent_container
+
+ROOT = Path(__file__).parent.parent
+NODE = "agent-test-node"
+OTHER_NODE = "agent-other-node"
+AUDIENCE = "copilot-webhook-agent"
+SYSTEM = "cw-agent-system"
+APPS = "cw-agent-apps"
+AGENT_RULES = [
+    {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]},
+    {"apiGroups": [""], "resources": ["pods", "nodes"], "verbs": ["get"]},
+]
+
+
+@dataclass
+class Cluster:
+    kube: Kube
+    plane: ControlPlane
+    work: Path
+    containerd: Containerd
+    plain: Registry
+    app: str  # an image on the plain registry
+    big: str  # a larger one, served slowly by `slow`
+    slow: str  # the registry host that trickles `big`
+    ca_pem: str
+    tls: tuple[Path, Path]
+    agent_token: Path
+
+
+@pytest.fixture(scope="module")
+def cluster(kube: ControlPlane, kube_admin: Kube, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    require(*TOOLS)
+    work = tmp_path_factory.mktemp("agent")
+    layout = work / "oci"
+    build_image(layout, "v1", "one")
+    build_image(layout, "big", os.urandom(96 * 1024).hex())
+    ca = generate_ca("agent test CA")
+    leaf = issue_serving(ca, ["agent.test"], ["127.0.0.1"])
+    (work / "tls.crt").write_bytes(leaf.cert_pem)
+    (work / "tls.key").write_bytes(leaf.key_pem)
+    _node(kube_admin, NODE, "containerd://1.6.20")
+    _node(kube_admin, OTHER_NODE, "containerd://1.6.20")
+    for namespace in (SYSTEM, APPS):
+        kube_admin.create_namespace(namespace)
+    kube_admin.create(f"/api/v1/namespaces/{SYSTEM}/serviceaccounts", {"metadata": {"name": "agent"}})
+    kube_admin.create(f"/api/v1/namespaces/{APPS}/serviceaccounts", {"metadata": {"name": "app"}})
+    role = {"metadata": {"name": "cw-agent-test"}, "rules": AGENT_RULES}
+    kube_admin.create("/apis/rbac.authorization.k8s.io/v1/clusterroles", role)
+    binding = {
+        "metadata": {"name": "cw-agent-test"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cw-agent-test"},
+        "subjects": [{"kind": "ServiceAccount", "name": "agent", "namespace": SYSTEM}],
+    }
+    kube_admin.create("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", binding)
+    agent_token = work / "agent-token"
+    agent_token.write_text(kube_admin.token(SYSTEM, "agent"))
+    with (
+        containerd(work / "containerd") as ctd,
+        registry(work / "plain") as plain,
+        trickling_registry(plain.port, rate=16384) as slow_port,
+    ):
+        slow = f"127.0.0.1:{slow_port}"
+        ctd.trust(plain.host, plain_http=True)
+        ctd.trust(slow, plain_http=True)
+        app = plain.push(layout, "v1", "team/app")
+        big = plain.push(layout, "big", "team/big").replace(plain.host, slow)
+        yield Cluster(
+            kube_admin,
+            kube,
+            work,
+            ctd,
+            plain,
+            app,
+            big,
+            slow,
+            ca.cert_pem.decode(),
+            (work / "tls.crt", work / "tls.key"),
+            agent_token,
+        )
+    for path in ("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/cw-agent-test",
+                 "/apis/rbac.authorization.k8s.io/v1/clusterroles/cw-agent-test",
+                 f"/api/v1/nodes/{NODE}", f"/api/v1/nodes/{OTHER_NODE}"):  # fmt: skip
+        kube_admin.delete(path)
+
+
+def _node(kube: Kube, name: str, runtime: str) -> None:
+    kube.create("/api/v1/nodes", {"metadata": {"name": name}})
+    kube.request(
+        "PATCH",
+        f"/api/v1/nodes/{name}/status",
+        {"status": {"nodeInfo": {"containerRuntimeVersion": runtime}}},
+        headers={"Content-Type": "application/merge-patch+json"},
+    )
+
+
+@dataclass
+class Agent:
+    process: subprocess.Popen[bytes]
+    port: int
+    log: Path
+
+    def health(self, ca_pem: str) -> dict[str, Any]:
+        with httpx.Client(verify=ssl.create_default_context(cadata=ca_pem), timeout=10) as client:
+            answer = client.get(f"https://127.0.0.1:{self.port}/healthz")
+        assert answer.status_code == 200, answer.text
+        health: dict[str, Any] = answer.json()
+        return health
+
+
+def _start_agent(cluster: Cluster, *extra: str) -> Agent:
+    port = free_port()
+    log = cluster.work / f"agent-{port}.log"
+    command = [
+        sys.executable, "-m", "webhook.pull.agent",
+        f"--port={port}", "--host=127.0.0.1",
+        f"--tls-cert={cluster.tls[0]}", f"--tls-key={cluster.tls[1]}",
+        f"--audience={AUDIENCE}", f"--node-name={NODE}",
+        f"--socket-directory={Path(cluster.containerd.socket).parent}",
+        f"--api-server={cluster.plane.url.removeprefix('https://')}",
+        f"--api-ca-file={cluster.plane.ca_path}", f"--api-token-file={cluster.agent_token}",
+        *extra,
+    ]  # fmt: skip
+    env = child_env(PATH=os.environ["PATH"], PYTHONPATH=str(ROOT), PYTHONDONTWRITEBYTECODE="1")
+    with log.open("wb") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=out, env=env)
+    agent = Agent(process, port, log)
+
+    def up() -> bool:
+        assert process.poll() is None, f"the agent exited {process.returncode}:\n{log.read_text()}"
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        except OSError:
+            return False
+        return True
+
+    assert wait_for(up, timeout=30), log.read_text()
+    return agent
+
+
+@pytest.fixture(scope="module")
+def agent(cluster: Cluster) -> Iterator[Agent]:
+    started = _start_agent(cluster)
+    yield started
+    stop_process(started.process)
+
+
+def _pod(cluster: Cluster, name: str, images: list[str], node: str = NODE) -> dict[str, Any]:
+    """A pod object bound to the node (nobody runs it: the agent reads it, as it reads a running one)."""
+    pod = {
+        "metadata": {"name": name},
+        "spec": {
+            "nodeName": node,
+            "serviceAccountName": "app",
+            "containers": [{"name": f"c{i}", "image": image} for i, image in enumerate(images)],
+        },
+    }
+    return cluster.kube.create_pod(APPS, pod)
+
+
+def _bound_token(cluster: Cluster, pod: dict[str, Any], audience: str = AUDIENCE) -> str:
+    """What the kubelet projects into the pod: a token of the audience, bound to the pod."""
+    meta = pod["metadata"]
+    spec = {
+        "audiences": [audience],
+        "expirationSeconds": 600,
+        "boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": meta["name"], "uid": meta["uid"]},
+    }
+    answer = cluster.kube.create(f"/api/v1/namespaces/{APPS}/serviceaccounts/app/token", {"spec": spec})
+    token: str = answer["status"]["token"]
+    return token
+
+
+def _unbound_token(cluster: Cluster) -> str:
+    spec = {"audiences": [AUDIENCE], "expirationSeconds": 600}
+    answer = cluster.kube.create(f"/api/v1/namespaces/{APPS}/serviceaccounts/app/token", {"spec": spec})
+    token: str = answer["status"]["token"]
+    return token
+
+
+@dataclass
+class Run:
+    code: int
+    lines: list[str]
+    seconds: float
+
+    def result(self, image: str) -> dict[str, str]:
+        line = next(ln for ln in self.lines if ln.startswith(f"image={image} "))
+        head, _, error = line.partition(" error=")
+        fields = dict(part.split("=", 1) for part in head.split())
+        return fields | ({"error": error} if error else {})
+
+
+def _client(
+    cluster: Cluster, agent_port: int, images: list[str], token: str, tmp: Path, **settings: Any
+) -> tuple[list[str], dict[str, str]]:
+    """The init container the webhook generates in agent mode, as a command line and its environment."""
+    config = {"mode": "agent", "agent": {"address": f"127.0.0.1:{agent_port}"}} | settings
+    container = agent_container(
+        images, build_settings({"imagePuller": config}).image_puller, cluster.ca_pem, secrets=False
+    )
+    (tmp / "token").mkdir(exist_ok=True)
+    (tmp / "token" / "token").write_text(token)
+    args = [
+        a.replace(TOKEN_PATH, str(tmp / "token")).replace(SECRETS_PATH, str(tmp / "secrets")) for a in container["args"]
+    ]
+    env = child_env(PATH=os.environ["PATH"], PYTHONPATH=str(ROOT), PYTHONDONTWRITEBYTECODE="1")
+    env.update({e["name"]: e["value"] for e in container["env"]})
+    return [sys.executable, "-m", "webhook.pull", *args], env
+
+
+def _run(command: list[str], env: dict[str, str], timeout: float = 120) -> Run:
+    started = time.monotonic()
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout)
+    assert "Traceback" not in done.stderr + done.stdout, done.stderr + done.stdout
+    return Run(done.returncode, done.stdout.splitlines(), time.monotonic() - started)
+
+
+def _ask(cluster: Cluster, agent: Agent, body: Any, token: str | None) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+    with httpx.Client(verify=ssl.create_default_context(cadata=cluster.ca_pem), timeout=60) as client:
+        return client.post(f"https://127.0.0.1:{agent.port}/v1/pull", json=body, headers=headers)
+
+
+# --- a pod's own images, pulled through its node's agent ----------------------------------------------
+
+
+def test_a_pod_pulls_the_images_it_names_through_its_nodes_agent(
+    cluster: Cluster, agent: Agent, tmp_path: Path
+) -> None:
+    cluster.containerd.remove(cluster.app)
+    pod = _pod(cluster, "pulls", [cluster.app])
+    command, env = _client(cluster, agent.port, [cluster.app], _bound_token(cluster, pod), tmp_path)
+    first = _run(command, env)
+    assert first.code == 0, first.lines
+    assert first.result(cluster.app)["result"] == "pulled", first.lines
+    assert cluster.app in cluster.containerd.images(), "in the k8s.io namespace, where the kubelet's CRI looks"
+    again = _run(command, env)
+    assert again.result(cluster.app)["result"] == "present", again.lines
+    health = agent.health(cluster.ca_pem)
+    assert health["node"] == NODE
+    assert health["runtime"] == f"containerd:{cluster.containerd.socket}", "the node's runtime, found by the agent"
+
+
+def test_concurrent_requests_for_one_image_are_one_pull(cluster: Cluster, agent: Agent, tmp_path: Path) -> None:
+    cluster.containerd.remove(cluster.big)
+    pods = [_pod(cluster, f"together-{i}", [cluster.big]) for i in range(4)]
+    before = agent.health(cluster.ca_pem)["pulls"]
+    answers: list[httpx.Response] = []
+    threads = [
+        threading.Thread(
+            target=lambda p=p: answers.append(_ask(cluster, agent, {"images": [cluster.big]}, _bound_token(cluster, p)))
+        )
+        for p in pods
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert [a.status_code for a in answers] == [200] * 4, [a.text for a in answers]
+    results = [a.json()["results"][0]["result"] for a in answers]
+    assert set(results) <= {"pulled", "present"}, results
+    assert "pulled" in results, results
+    assert agent.health(cluster.ca_pem)["pulls"] - before == 1, "four pods asked at once: one pull"
+
+
+# --- who may ask --------------------------------------------------------------------------------------
+
+
+def test_only_a_pod_on_this_node_may_ask_and_only_for_its_own_images(cluster: Cluster, agent: Agent) -> None:
+    pod = _pod(cluster, "asker", [cluster.app])
+    body = {"images": [cluster.app]}
+    cases = {
+        "no token": (None, body, 401, "bearer token"),
+        "garbage": ("not-a-token", body, 401, "not valid"),
+        "another audience": (_bound_token(cluster, pod, audience="someone-else"), body, 401, "not valid"),
+        "the API server's audience": (cluster.kube.token(APPS, "app"), body, 401, "not valid"),
+        "bound to no pod": (_unbound_token(cluster), body, 403, "not a service account token bound to a pod"),
+        "an image the pod does not name": (
+            _bound_token(cluster, pod), {"images": [f"{cluster.plain.host}/team/other:v1"]}, 403, "does not name",
+        ),
+        "one of two images not named": (
+            _bound_token(cluster, pod), {"images": [cluster.app, "busybox"]}, 403, "does not name the image busybox",
+        ),
+    }  # fmt: skip
+    elsewhere = _pod(cluster, "elsewhere", [cluster.app], node=OTHER_NODE)
+    cases["a pod on another node"] = (_bound_token(cluster, elsewhere), body, 403, f"runs on node {OTHER_NODE}")
+    gone = _pod(cluster, "gone", [cluster.app])
+    gone_token = _bound_token(cluster, gone)
+    cluster.kube.request("DELETE", f"/api/v1/namespaces/{APPS}/pods/gone", {"gracePeriodSeconds": 0})
+    _pod(cluster, "gone", [cluster.app])  # the same name again: another pod
+    cases["a pod that is gone"] = (gone_token, body, 401, "not valid")
+    before = agent.health(cluster.ca_pem)["pulls"]
+    seen = {}
+    for what, (token, request, status, words) in cases.items():
+        answer = _ask(cluster, agent, request, token)
+        seen[what] = (answer.status_code, answer.json().get("error", ""))
+        assert seen[what][0] == status, (what, seen[what])
+        assert words in seen[what][1], (what, seen[what])
+    assert agent.health(cluster.ca_pem)["pulls"] == before, f"a refused request pulled something: {seen}"
+
+
+def test_bad_requests_are_refused_by_name(cluster: Cluster, agent: Agent) -> None:
+    pod = _pod(cluster, "bad-requests", [cluster.app])
+    token = _bound_token(cluster, pod)
+    for body, words in (
+        ([1, 2], "JSON object"),
+        ({"images": []}, "non-empty array"),
+        ({"images": ["-rf"]}, "images:"),
+        ({"images": [cluster.app], "timeoutSeconds": "soon"}, "timeoutSeconds"),
+        ({"images": [cluster.app], "pullSecrets": ["x"]}, "pullSecrets"),
+    ):
+        answer = _ask(cluster, agent, body, token)
+        assert answer.status_code == 400, (body, answer.text)
+        assert words in answer.json()["error"], (body, answer.text)
+    context = ssl.create_default_context(cadata=cluster.ca_pem)
+    with httpx.Client(verify=context, timeout=30) as client:
+        url = f"https://127.0.0.1:{agent.port}/v1/pull"
+        huge = client.post(url, content=b"x" * (5 * 1024 * 1024), headers={"Content-Type": "application/json"})
+        assert huge.status_code == 413, huge.text
+        typed = client.post(url, content=b"{}", headers={"Content-Type": "text/plain"})
+        assert typed.status_code == 415, typed.text
+        bad_head = client.get(f"https://127.0.0.1:{agent.port}/nowhere")
+        assert bad_head.status_code == 404
+        assert "POST /v1/pull" in bad_head.json()["error"]
+
+
+# --- failures the pod survives ------------------------------------------------------------------------
+
+
+def test_an_agent_killed_mid_pull_fails_the_pull_as_the_policy_says(cluster: Cluster, tmp_path: Path) -> None:
+    with hanging_server() as port:
+        hanging = f"127.0.0.1:{port}/team/app:v1"
+        cluster.containerd.trust(f"127.0.0.1:{port}", plain_http=True)
+        pod = _pod(cluster, "killed", [hanging])
+        token = _bound_token(cluster, pod)
+        for policy, code in (("Ignore", 0), ("Fail", 1)):
+            agent = _start_agent(cluster)
+            try:
+                command, env = _client(cluster, agent.port, [hanging], token, tmp_path, failurePolicy=policy)
+                client = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                # The pull is in flight once the agent has started it: the registry never answers.
+                assert wait_for(partial(_pulls_started, agent, cluster), timeout=30), agent.log.read_text()
+                assert client.poll() is None, "the client must still be waiting on the agent"
+                agent.process.send_signal(signal.SIGKILL)
+                out, err = client.communicate(timeout=30)
+            finally:
+                stop_process(agent.process)
+            assert "Traceback" not in err, err
+            assert client.returncode == code, (policy, out)
+            assert f"image={hanging} result=failed" in out, out
+            assert "node agent:" in out, out
+            tail = "the kubelet pulls the rest as usual" if policy == "Ignore" else "failing (failure policy Fail)"
+            assert tail in out.splitlines()[-1], out
+
+
+def test_a_missing_agent_costs_the_connect_timeout_at_most(cluster: Cluster, tmp_path: Path) -> None:
+    with hanging_server() as port:  # accepts, never completes a TLS handshake: an agent that hangs
+        pod = _pod(cluster, "missing", [cluster.app])
+        command, env = _client(
+            cluster,
+            port,
+            [cluster.app],
+            _bound_token(cluster, pod),
+            tmp_path,
+            agent={"address": f"127.0.0.1:{port}", "connectTimeoutSeconds": 2},
+        )
+        run = _run(command, env)
+    assert run.code == 0, run.lines
+    assert run.result(cluster.app)["result"] == "failed"
+    assert run.seconds < 15, f"the client waited {run.seconds:.1f} s for an agent that never answers"
+    closed = free_port()
+    command, env = _client(cluster, closed, [cluster.app], "token", tmp_path)
+    refused = _run(command, env)
+    assert refused.code == 0, refused.lines
+    assert "cannot be reached" in "\n".join(refused.lines), refused.lines
+
+
+def test_a_client_that_does_not_trust_the_agent_sends_it_nothing(
+    cluster: Cluster, agent: Agent, tmp_path: Path
+) -> None:
+    other = generate_ca("someone else's CA").cert_pem.decode()
+    pod = _pod(cluster, "distrust", [cluster.app])
+    command, env = _client(cluster, agent.port, [cluster.app], _bound_token(cluster, pod), tmp_path)
+    env["COPILOT_WEBHOOK_AGENT_CA"] = other
+    before = agent.health(cluster.ca_pem)["pulls"]
+    run = _run(command, env)
+    assert run.code == 0, run.lines
+    assert "is not trusted" in "\n".join(run.lines), run.lines
+    assert agent.health(cluster.ca_pem)["pulls"] == before
+
+
+# --- hostile connections ------------------------------------------------------------------------------
+
+
+def test_a_trickled_request_is_cut_and_the_agent_keeps_serving(cluster: Cluster) -> None:
+    agent = _start_agent(cluster, "--request-timeout=1", "--max-connections=4")
+    try:
+        context = ssl.create_default_context(cadata=cluster.ca_pem)
+        raw = socket.create_connection(("127.0.0.1", agent.port))
+        with context.wrap_socket(raw, server_hostname="127.0.0.1") as trickler:
+            trickler.settimeout(10)
+            started = time.monotonic()
+            closed_after = None
+            try:
+                for byte in b"POST /v1/pull HTTP/1.1\r\nHost: x\r\n" * 4:
+                    trickler.send(bytes([byte]))
+                    time.sleep(0.1)
+            except OSError:
+                closed_after = time.monotonic() - started
+        assert closed_after is not None, "a request trickled past its bound was not cut"
+        assert closed_after < 5, f"cut only after {closed_after:.1f} s"
+        idle = [socket.create_connection(("127.0.0.1", agent.port)) for _ in range(4)]
+        try:
+            with socket.create_connection(("127.0.0.1", agent.port)) as extra:
+                extra.settimeout(5)
+                assert extra.recv(1) == b"", "a connection past --max-connections is closed at once"
+        finally:
+            for sock in idle:
+                sock.close()
+        assert wait_for(lambda: _healthy(agent, cluster), timeout=10), "the agent serves again once they are gone"
+    finally:
+        stop_process(agent.process)
+    assert "Traceback" not in agent.log.read_text()
+
+
+def _pulls_started(agent: Agent, cluster: Cluster) -> bool:
+    return bool(agent.health(cluster.ca_pem)["pulls"] == 1)
+
+
+def _healthy(agent: Agent, cluster: Cluster) -> bool:
+    try:
+        return bool(agent.health(cluster.ca_pem)["status"] == "ok")
+    except (httpx.HTTPError, AssertionError):
+        return False
+
+
+def test_the_agent_refuses_to_start_without_its_nodes_runtime(cluster: Cluster, tmp_path: Path) -> None:
+    command = [
+        sys.executable, "-m", "webhook.pull.agent", "--port=1", "--host=127.0.0.1",
+        f"--tls-cert={cluster.tls[0]}", f"--tls-key={cluster.tls[1]}", f"--audience={AUDIENCE}",
+        f"--node-name={NODE}", f"--socket-directory={tmp_path}",
+        f"--api-server={cluster.plane.url.removeprefix('https://')}",
+        f"--api-ca-file={cluster.plane.ca_path}", f"--api-token-file={cluster.agent_token}",
+    ]  # fmt: skip
+    env = child_env(PATH=os.environ["PATH"], PYTHONPATH=str(ROOT), PYTHONDONTWRITEBYTECODE="1")
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 1
+    assert "the node runs containerd, and none of" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
