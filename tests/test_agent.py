@@ -48,6 +48,7 @@ from webhook.mutation.puller import SECRETS_PATH, TOKEN_PATH, agent_container
 ROOT = Path(__file__).parent.parent
 NODE = "agent-test-node"
 OTHER_NODE = "agent-other-node"
+POD_NETWORK_REGISTRY = "registry.podnet.test"  # a name only the agent pod's resolver knows
 AUDIENCE = "copilot-webhook-agent"
 SYSTEM = "cw-agent-system"
 APPS = "cw-agent-apps"
@@ -152,7 +153,9 @@ class Agent:
         return health
 
 
-def _start_agent(cluster: Cluster, *extra: str) -> Agent:
+def _start_agent(cluster: Cluster, *extra: str, hosts: Path | None = None) -> Agent:
+    """The agent as its own process; with `hosts`, in a mount namespace whose /etc/hosts is that file: names
+    its pod's resolver knows and the node's runtime does not."""
     port = free_port()
     log = cluster.work / f"agent-{port}.log"
     command = [
@@ -165,6 +168,9 @@ def _start_agent(cluster: Cluster, *extra: str) -> Agent:
         f"--api-ca-file={cluster.plane.ca_path}", f"--api-token-file={cluster.agent_token}",
         *extra,
     ]  # fmt: skip
+    if hosts is not None:
+        script = f'mount --make-rprivate / && mount --bind {hosts} /etc/hosts && exec "$@"'
+        command = ["unshare", "--mount", "--", "sh", "-c", script, "sh", *command]
     env = child_env(PATH=os.environ["PATH"], PYTHONPATH=str(ROOT), PYTHONDONTWRITEBYTECODE="1")
     with log.open("wb") as out:
         process = subprocess.Popen(command, stdout=out, stderr=out, env=env)
@@ -492,3 +498,34 @@ def test_the_agent_refuses_to_start_without_its_nodes_runtime(cluster: Cluster, 
     assert done.returncode == 1
     assert "the node runs containerd, and none of" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr, done.stderr
+
+
+def test_a_registry_only_the_pod_network_reaches_is_pulled_from_the_agents_pod(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """A registry named by what only the agent pod's resolver knows: through the runtime (the CRI) the pull
+    fails; routed to containerd's own client in the agent's pod, it lands in the runtime's store."""
+    layout = tmp_path / "oci"
+    build_image(layout, "v1", "pod network")
+    hosts = tmp_path / "hosts"
+    hosts.write_text(f"127.0.0.1 localhost\n127.0.0.1 {POD_NETWORK_REGISTRY}\n")
+    with registry(tmp_path / "podnet") as podnet:
+        host = f"{POD_NETWORK_REGISTRY}:{podnet.port}"
+        image = podnet.push(layout, "v1", "team/podnet").replace(podnet.host, host)
+        pod = _pod(cluster, "podnet", [image])
+        token = _bound_token(cluster, pod)
+        through_cri = _start_agent(cluster, hosts=hosts)
+        try:
+            failed = _ask(cluster, through_cri, {"images": [image]}, token).json()["results"][0]
+        finally:
+            stop_process(through_cri.process)
+        assert failed["result"] == "failed", failed
+        routed = _start_agent(cluster, f"--pod-network-registry={host}", f"--registry-plain-http={host}", hosts=hosts)
+        try:
+            command, env = _client(cluster, routed.port, [image], token, tmp_path)
+            run = _run(command, env)
+        finally:
+            stop_process(routed.process)
+    assert run.code == 0, run.lines
+    assert run.result(image)["result"] == "pulled", run.lines
+    assert image in cluster.containerd.images(), "in the k8s.io namespace, where the kubelet's CRI looks"

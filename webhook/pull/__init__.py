@@ -298,7 +298,12 @@ def _clients(args: argparse.Namespace) -> tuple[dict[str, Client], dict[str, str
     """The runtime's client, and the pod-network one for the registries routed to it."""
     if args.runtime == "docker":
         return {"default": DockerClient(args.socket)}, {}
-    cri = CRIClient(args.socket)
+    return with_pod_network(args.socket, CRIClient(args.socket), args)
+
+
+def with_pod_network(socket: str, cri: CRIClient, args: argparse.Namespace) -> tuple[dict[str, Client], dict[str, str]]:
+    """The CRI client, and containerd's own for the registries `--pod-network-registry` names (pulled from
+    inside this pod's network, into the runtime's store), routed by registry host."""
     if not args.pod_network_registry:
         return {"default": cri}, {}
     cas = {}
@@ -309,7 +314,7 @@ def _clients(args: argparse.Namespace) -> tuple[dict[str, Client], dict[str, str
     for flag, hosts in (("--plain-http", args.registry_plain_http), ("--skip-verify", args.registry_skip_verify)):
         for host in hosts:
             options.setdefault(host, []).append(flag)
-    native = NativeClient(args.socket, cri, options, cas=cas)
+    native = NativeClient(socket, cri, options, cas=cas)
     return {"default": cri, "native": native}, dict.fromkeys(args.pod_network_registry, "native")
 
 

@@ -46,7 +46,7 @@ from types import FrameType
 from typing import Any
 
 from webhook.errors import InvalidReference
-from webhook.pull import MAX_TIMEOUT, Puller, PullOutcome
+from webhook.pull import MAX_TIMEOUT, Puller, PullOutcome, with_pod_network
 from webhook.pull.clients import Client, CRIClient, DockerClient
 from webhook.pull.keyring import Keyring
 from webhook.pull.kubeapi import APIError, KubeAPI
@@ -170,8 +170,17 @@ class Flights:
     request that asks with other credentials pulls for itself, so nobody is told an image is theirs on
     the strength of someone else's secret."""
 
-    def __init__(self, clients: dict[str, Client], *, workers: int, retries: int, backoff: float) -> None:
-        self.clients, self.retries, self.backoff = clients, retries, backoff
+    def __init__(
+        self,
+        clients: dict[str, Client],
+        *,
+        workers: int,
+        retries: int,
+        backoff: float,
+        route: dict[str, str] | None = None,
+    ) -> None:
+        """`route`: registry host -> the client that pulls its images, when not the runtime's ("default")."""
+        self.clients, self.route, self.retries, self.backoff = clients, route or {}, retries, backoff
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="pull")
         self.lock = threading.Lock()
         self.running: dict[tuple[str, str], Future[PullOutcome]] = {}
@@ -180,7 +189,9 @@ class Flights:
         self.pulls = 0  # flights started, for tests and logs
 
     def _start(self, image: str, keyring: Keyring, deadline: float) -> Future[PullOutcome]:
-        puller = Puller(self.clients, {}, keyring, deadline=deadline, retries=self.retries, backoff=self.backoff)
+        puller = Puller(
+            self.clients, self.route, keyring, deadline=deadline, retries=self.retries, backoff=self.backoff
+        )
         self.pullers.add(puller)
         if self.stopping.is_set():
             puller.stopping.set()
@@ -502,8 +513,14 @@ def find_socket(flavour: str, directory: str) -> str:
     raise ValueError(f"the node runs {flavour}, and none of {tried} under {directory} is a socket")
 
 
-def client_for(flavour: str, path: str) -> Client:
-    return DockerClient(path) if flavour == "docker" else CRIClient(path)
+def clients_for(flavour: str, path: str, args: argparse.Namespace) -> tuple[dict[str, Client], dict[str, str]]:
+    """The runtime's client, and containerd's own for the registries only the pod network reaches (pulled
+    from inside the agent's pod, into the runtime's store); ValueError when the node cannot do that."""
+    if args.pod_network_registry and flavour != "containerd":
+        raise ValueError(f"--pod-network-registry needs a containerd node; this node runs {flavour}")
+    if flavour == "docker":
+        return {"default": DockerClient(path)}, {}
+    return with_pod_network(path, CRIClient(path), args)
 
 
 # --- the command ------------------------------------------------------------------------------------
@@ -530,6 +547,16 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--api-ca-file", help="with --api-server: its CA")
     parser.add_argument("--api-token-file", help="with --api-server: a token to call it with")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument(
+        "--pod-network-registry",
+        action="append",
+        default=[],
+        metavar="HOST",
+        help="pull this registry's images from inside the agent's pod (containerd's own client; containerd nodes)",
+    )
+    parser.add_argument("--registry-ca", action="append", default=[], metavar="HOST=ENV", help="CA bundle in $ENV")
+    parser.add_argument("--registry-plain-http", action="append", default=[], metavar="HOST")
+    parser.add_argument("--registry-skip-verify", action="append", default=[], metavar="HOST")
     return parser
 
 
@@ -553,7 +580,8 @@ def build(args: argparse.Namespace) -> AgentServer:
     api = _api(args)
     flavour = runtime_of(api.node(args.node_name))
     path = find_socket(flavour, args.socket_directory)
-    flights = Flights({"default": client_for(flavour, path)}, workers=args.workers, retries=3, backoff=1.0)
+    clients, route = clients_for(flavour, path, args)
+    flights = Flights(clients, workers=args.workers, retries=3, backoff=1.0, route=route)
     return AgentServer(
         (args.host, args.port),
         ReloadingContext(args.tls_cert, args.tls_key),
