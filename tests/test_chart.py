@@ -9,6 +9,7 @@ import functools
 import http.server
 import re
 import shutil
+import socket
 import ssl
 import subprocess
 import threading
@@ -20,9 +21,12 @@ import kubernetes_validate
 import orjson
 import pytest
 import yaml
+from kubernetes import client
 
 from certs.authority import generate_ca, issue_serving, service_dns_names
 from scripts import values_table
+from webhook.cli import _parser
+from webhook.cluster.certificates import CertificateManager, handshake_verifies
 from webhook.config import Settings, build_settings, dump_settings
 from webhook.web.metrics import Metrics
 
@@ -134,6 +138,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
             "caBundle": base64.b64encode(b"-----BEGIN CERTIFICATE-----").decode(),
         }
     },
+    "agent": {"imagePuller": {"mode": "agent"}, "networkPolicy": {"enabled": True}},
+    "agent-cert-manager": {"imagePuller": {"mode": "agent"}, "tls": {"mode": "cert-manager"}},
 }
 
 
@@ -402,7 +408,7 @@ def test_secret_mode_needs_a_secret_and_its_ca(tls: dict[str, str], message: str
         render({"tls": tls})
 
 
-@pytest.mark.parametrize("variant", ["defaults", "cert-manager", "puller-all-pinned", "standard-knobs"])
+@pytest.mark.parametrize("variant", ["defaults", "cert-manager", "puller-all-pinned", "standard-knobs", "agent"])
 def test_lint_has_no_errors(variant: str) -> None:
     report = helm.lint(CHART, VARIANTS[variant], strict=False, namespace="flyte")
     errors = [m for m in report["messages"] if m["severity"] >= 3] + report["errors"]
@@ -697,6 +703,7 @@ def test_one_version_everywhere() -> None:
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert {image.rsplit(":", 1)[1] for image in values["imagePuller"]["pullerImages"].values()} == {__version__}
     assert build_settings({}).image_puller.puller_images.docker.endswith(f":{__version__}")
+    assert values["imagePuller"]["agent"]["image"].rsplit(":", 1)[1] == __version__
 
 
 # Keys the chart's values and the server's settings share whose defaults differ on purpose, with the reason.
@@ -706,6 +713,10 @@ DIFFERENT_ON_PURPOSE = {
     "podSecurity.defaults.enforce": "the chart cannot read the API server's PodSecurity defaults, and assuming less "
     "than a cluster enforces gets pods refused; a server started by hand is told, and a cluster without an "
     "AdmissionConfiguration enforces privileged",
+    "imagePuller.agent.address": 'the chart renders its own agent Service\'s name ("" in values.yaml); a server '
+    "started by hand is given one",
+    "imagePuller.agent.caFile": "the chart's pods hold the CA that signs the agent's certificate at /tls/ca.crt; a "
+    "server started by hand has no such file unless told",
 }
 
 
@@ -1038,3 +1049,378 @@ def test_the_notes_preview_command_works_as_printed(tmp_path: Path, values: dict
     finally:
         server.shutdown()
         server.server_close()
+
+
+AGENT = {"imagePuller": {"mode": "agent"}}
+AGENT_OBJECTS = {
+    f"{kind}/cw-copilot-webhook-agent"
+    for kind in ("DaemonSet", "Service", "ServiceAccount", "ClusterRole", "ClusterRoleBinding")
+}
+
+
+def _server_settings(objects: dict[str, dict[str, Any]], name: str = "cw-copilot-webhook") -> Settings:
+    return build_settings(yaml.safe_load(objects[f"ConfigMap/{name}"]["data"]["config.yaml"]))
+
+
+def test_agent_mode_adds_the_node_agent_and_nothing_else() -> None:
+    """Beside what socket mode renders: the agent's DaemonSet, its Service, and its own identity and roles."""
+    assert set(render(AGENT)) - set(render()) == AGENT_OBJECTS
+    assert set(render({**AGENT, "networkPolicy": {"enabled": True}})) - set(render(VARIANTS["network-policy"])) == {
+        *AGENT_OBJECTS,
+        "NetworkPolicy/cw-copilot-webhook-agent",
+    }
+    for version in K8S_VERSIONS:
+        for key, obj in render(AGENT, version).items():
+            if key in AGENT_OBJECTS:
+                kubernetes_validate.validate(obj, version, strict=True)
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {},
+        {"imagePuller": {"mode": "socket"}},
+        {"imagePuller": {"mode": "agent", "enabled": False}},
+        {"imagePuller": {"mode": "socket"}, "tls": {"mode": "cert-manager"}, "networkPolicy": {"enabled": True}},
+    ],
+)
+def test_without_agent_mode_there_is_no_agent_and_the_certificate_names_only_the_webhook(
+    values: dict[str, Any],
+) -> None:
+    objects = render(values)
+    assert [key for key in objects if "agent" in key] == []
+    pod = objects["Deployment/cw-copilot-webhook"]["spec"]["template"]["spec"]
+    args = [a for c in pod["containers"] + pod.get("initContainers", []) for a in c["args"]]
+    assert [a for a in args if a.startswith(("--dns", "--certs-dns"))] == []
+    if "Certificate/cw-copilot-webhook" in objects:
+        assert objects["Certificate/cw-copilot-webhook"]["spec"]["dnsNames"] == service_dns_names(
+            "cw-copilot-webhook", "flyte"
+        )
+    assert _server_settings(objects).image_puller.mode == values.get("imagePuller", {}).get("mode", "socket")
+    assert "daemonset" not in notes(values)
+    assert "hostPath" not in notes(values)
+
+
+def test_the_agent_daemonset_holds_the_socket_and_nothing_more() -> None:
+    objects = render(AGENT)
+    daemonset = objects["DaemonSet/cw-copilot-webhook-agent"]
+    assert daemonset["metadata"]["namespace"] == "flyte"
+    assert daemonset["spec"]["updateStrategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}}
+    pod = daemonset["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "cw-copilot-webhook-agent"
+    assert pod["tolerations"] == [{"operator": "Exists"}], "every node, whatever its taints"
+    (agent,) = pod["containers"]
+    assert "initContainers" not in pod
+    assert agent["image"] == "ghcr.io/copilot-webhook/image-puller:0.1.0"
+    assert agent["command"] == ["copilot-webhook-agent"]
+    assert agent["args"] == [
+        "--port=8444",
+        "--tls-cert=/tls/tls.crt",
+        "--tls-key=/tls/tls.key",
+        "--audience=copilot-webhook-agent",
+        "--node-name=$(NODE_NAME)",
+        "--socket-directory=/host/run",
+        "--max-connections=64",
+        "--timeout=300",
+    ]
+    assert agent["env"] == [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]
+    assert agent["ports"] == [{"name": "https", "containerPort": 8444, "protocol": "TCP"}]
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert agent[probe]["httpGet"] == {"path": "/healthz", "port": "https", "scheme": "HTTPS"}
+    # Root for the socket, and nothing else a root process could add.
+    assert agent["securityContext"] == {
+        "runAsUser": 0,
+        "runAsNonRoot": False,
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "readOnlyRootFilesystem": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    assert "privileged" not in agent["securityContext"]
+    assert [key for key in ("hostNetwork", "hostPID", "hostIPC") if pod.get(key)] == []
+    assert agent["resources"]["limits"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["name"]: m for m in agent["volumeMounts"]}
+    assert set(volumes) == set(mounts) == {"runtime", "tls"}
+    assert volumes["runtime"]["hostPath"] == {"path": "/run", "type": "Directory"}
+    assert [v for v in pod["volumes"] if "hostPath" in v] == [volumes["runtime"]], "the one hostPath"
+    assert (mounts["runtime"]["mountPath"], mounts["runtime"]["readOnly"]) == ("/host/run", True)
+    assert mounts["runtime"]["mountPropagation"] == "HostToContainer", "never pins what the node unmounts"
+    assert volumes["tls"]["secret"]["secretName"] == "cw-copilot-webhook-tls", "the webhook's certificate"
+    assert [i["key"] for i in volumes["tls"]["secret"]["items"]] == ["tls.crt", "tls.key"], "never the CA's key"
+    assert (mounts["tls"]["mountPath"], mounts["tls"]["readOnly"]) == ("/tls", True)
+    own = render(
+        {
+            "imagePuller": {"mode": "agent", "timeoutSeconds": 60, "agent": {"audience": "pullers", "image": "r/p:1"}},
+            "nodeAgent": {
+                "port": 9444,
+                "socketDirectory": "/var/run",
+                "maxConnections": 8,
+                "tolerations": [],
+                "nodeSelector": {"kubernetes.io/os": "linux"},
+                "priorityClassName": "system-node-critical",
+                "podAnnotations": {"example.com/owner": "platform"},
+                "podLabels": {"team": "platform"},
+                "updateStrategy": {"maxUnavailable": "10%"},
+            },
+            "tls": VARIANTS["secret"]["tls"],
+        }
+    )
+    daemonset = own["DaemonSet/cw-copilot-webhook-agent"]
+    template, pod = daemonset["spec"]["template"], daemonset["spec"]["template"]["spec"]
+    (agent,) = pod["containers"]
+    assert agent["image"] == "r/p:1"
+    assert {"--port=9444", "--audience=pullers", "--max-connections=8", "--timeout=60"} <= set(agent["args"])
+    assert agent["ports"][0]["containerPort"] == 9444
+    assert pod["volumes"][0]["hostPath"]["path"] == "/var/run"
+    assert "tolerations" not in pod
+    assert (pod["nodeSelector"], pod["priorityClassName"]) == ({"kubernetes.io/os": "linux"}, "system-node-critical")
+    assert template["metadata"]["annotations"] == {"example.com/owner": "platform"}
+    assert template["metadata"]["labels"]["team"] == "platform"
+    assert daemonset["spec"]["updateStrategy"]["rollingUpdate"] == {"maxUnavailable": "10%"}
+    assert pod["volumes"][1]["secret"]["secretName"] == "my-tls"
+    assert own["Service/cw-copilot-webhook-agent"]["spec"]["ports"][0]["port"] == 443
+    for obj in own.values():
+        if obj["kind"] not in CRDS:
+            kubernetes_validate.validate(obj, "1.33.0", strict=True)
+
+
+def test_the_agent_service_keeps_each_pod_on_its_own_node() -> None:
+    objects = render(AGENT)
+    service = objects["Service/cw-copilot-webhook-agent"]
+    assert service["metadata"]["namespace"] == "flyte"
+    assert service["spec"]["internalTrafficPolicy"] == "Local"
+    assert service["spec"]["ports"] == [{"name": "https", "port": 443, "targetPort": "https", "protocol": "TCP"}]
+    agent = objects["DaemonSet/cw-copilot-webhook-agent"]["spec"]["template"]["spec"]["containers"][0]
+    assert [p["name"] for p in agent["ports"]] == ["https"]
+
+
+def test_the_agent_may_review_tokens_and_read_pods_and_nodes_only() -> None:
+    objects = render(AGENT)
+    role = objects["ClusterRole/cw-copilot-webhook-agent"]
+    granted = {
+        (group, resource, verb)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+    assert granted == {
+        ("authentication.k8s.io", "tokenreviews", "create"),
+        ("", "pods", "get"),
+        ("", "nodes", "get"),
+    }
+    assert all("resourceNames" not in rule for rule in role["rules"])
+    binding = objects["ClusterRoleBinding/cw-copilot-webhook-agent"]
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": "cw-copilot-webhook-agent",
+    }
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "cw-copilot-webhook-agent", "namespace": "flyte"}]
+    account = objects["ServiceAccount/cw-copilot-webhook-agent"]
+    assert account["metadata"]["namespace"] == "flyte"
+    pod = objects["DaemonSet/cw-copilot-webhook-agent"]["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == account["metadata"]["name"]
+    assert account.get("automountServiceAccountToken", True), "its token makes the TokenReviews"
+    # the webhook's own role is the same as in socket mode: the agent's rights are the agent's alone
+    assert objects["ClusterRole/cw-copilot-webhook"] == render()["ClusterRole/cw-copilot-webhook"]
+
+
+def _agent_labels(objects: dict[str, dict[str, Any]]) -> dict[str, str]:
+    labels: dict[str, str] = objects["DaemonSet/cw-copilot-webhook-agent"]["spec"]["template"]["metadata"]["labels"]
+    return labels
+
+
+def test_the_webhook_s_and_the_agent_s_selectors_never_hold_each_other_s_pods() -> None:
+    """The webhook's Service must not route admission reviews to an agent, nor the agent's Service a client's
+    pull request to a webhook replica; each disruption budget and NetworkPolicy holds its own pods only."""
+    objects = render({**AGENT, "networkPolicy": {"enabled": True}, "podLabels": {"team": "platform"}})
+    webhook, agent = _pod_labels(objects), _agent_labels(objects)
+    verify = objects["Pod/cw-copilot-webhook-verify"]["metadata"]["labels"]
+    webhook_selectors = {
+        "Service": {"matchLabels": objects["Service/cw-copilot-webhook"]["spec"]["selector"]},
+        "Deployment": objects["Deployment/cw-copilot-webhook"]["spec"]["selector"],
+        "PodDisruptionBudget": objects["PodDisruptionBudget/cw-copilot-webhook"]["spec"]["selector"],
+        "NetworkPolicy": objects["NetworkPolicy/cw-copilot-webhook"]["spec"]["podSelector"],
+    }
+    agent_selectors = {
+        "Service": {"matchLabels": objects["Service/cw-copilot-webhook-agent"]["spec"]["selector"]},
+        "DaemonSet": objects["DaemonSet/cw-copilot-webhook-agent"]["spec"]["selector"],
+        "NetworkPolicy": objects["NetworkPolicy/cw-copilot-webhook-agent"]["spec"]["podSelector"],
+    }
+    for kind, selector in webhook_selectors.items():
+        assert _selects(selector, webhook), kind
+        assert not _selects(selector, agent), f"the webhook's {kind} selects the agent's pods"
+    for kind, selector in agent_selectors.items():
+        assert _selects(selector, agent), kind
+        assert not _selects(selector, webhook), f"the agent's {kind} selects the webhook's pods"
+        assert not _selects(selector, verify), f"the agent's {kind} selects the helm test pod"
+    assert not _selects(objects["NetworkPolicy/cw-copilot-webhook-hooks"]["spec"]["podSelector"], agent)
+    assert agent["app.kubernetes.io/component"] == "agent"
+    # never sent to the webhook, like its own pods (a release namespace that is not excluded stays safe)
+    hook = _webhooks(AGENT)["image-puller.copilot-webhook.io"]
+    assert not _selects(hook["objectSelector"], agent)
+
+
+def test_the_agent_network_policy_admits_every_client_and_reaches_only_dns_and_the_api_server() -> None:
+    objects = render({**AGENT, "networkPolicy": {"enabled": True}, "nodeAgent": {"port": 9444}})
+    policy = objects["NetworkPolicy/cw-copilot-webhook-agent"]["spec"]
+    assert policy["policyTypes"] == ["Ingress", "Egress"]
+    # every pod's client calls it, from any namespace; the policy sees the port after the Service's 443 -> 9444
+    assert policy["ingress"] == [{"ports": [{"port": 9444, "protocol": "TCP"}]}]
+    assert [sorted(p["port"] for p in rule["ports"]) for rule in policy["egress"]] == [[53, 53], [443, 6443]]
+    assert all("to" not in rule for rule in policy["egress"])
+    assert "NetworkPolicy/cw-copilot-webhook-agent" not in render(AGENT)
+
+
+@pytest.mark.parametrize(
+    ("values", "release", "agent"),
+    [
+        ({}, "cw", "cw-copilot-webhook-agent"),
+        ({"fullnameOverride": "admission"}, "cw", "admission-agent"),
+        ({"nameOverride": "ptrace-hook", "tls": {"mode": "cert-manager"}}, "cw", "cw-ptrace-hook-agent"),
+        # a Service's name is a DNS label: at most 63 characters
+        ({}, "r" * 60, "r" * 57 + "-agent"),
+    ],
+)
+def test_the_server_is_told_the_agent_s_address_and_a_ca_it_holds(
+    values: dict[str, Any], release: str, agent: str
+) -> None:
+    """The rendered configuration, read by the real settings model: mode agent, the address of the chart's
+    agent Service (port 443, the Service's), and a CA file in a directory the webhook container mounts."""
+    objects = render({**values, **AGENT}, name=release)
+    fullname = _of_kind(objects, "Deployment")["metadata"]["name"]
+    settings = _server_settings(objects, fullname).image_puller
+    assert settings.mode == "agent"
+    assert settings.agent.address == f"{agent}.flyte.svc:443"
+    service = objects[f"Service/{agent}"]
+    host, port = settings.agent.address.rsplit(":", 1)
+    assert host == f"{service['metadata']['name']}.{service['metadata']['namespace']}.svc"
+    assert int(port) in {p["port"] for p in service["spec"]["ports"]}
+    assert len(agent) <= 63
+    assert settings.agent.ca_file == "/tls/ca.crt"
+    webhook = _of_kind(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert "/tls" in {m["mountPath"] for m in webhook["volumeMounts"]}
+    # the agent's own keys as given, the others at their defaults
+    given = {"address": "pullers.infra.svc:8443", "caFile": "/etc/ca/bundle.pem", "tokenSeconds": 3600}
+    own = _server_settings(render({"imagePuller": {"mode": "agent", "agent": given}})).image_puller.agent
+    assert (own.address, own.ca_file, own.token_seconds) == ("pullers.infra.svc:8443", "/etc/ca/bundle.pem", 3600)
+    assert (own.audience, own.connect_timeout_seconds, own.run_as_user) == ("copilot-webhook-agent", 10, 65532)
+
+
+def _handshake(names: list[str], host: str, tmp_path: Path) -> str | None:
+    """None when a client that trusts the CA alone verifies `host` against a certificate issued for `names`;
+    otherwise why not."""
+    ca = generate_ca()
+    serving = issue_serving(ca, names)
+    (tmp_path / "tls.crt").write_bytes(serving.cert_pem)
+    (tmp_path / "tls.key").write_bytes(serving.key_pem)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(tmp_path / "tls.crt", tmp_path / "tls.key")
+    listener = socket.create_server(("127.0.0.1", 0))
+    done = threading.Event()
+
+    def accept() -> None:
+        try:
+            connection, _ = listener.accept()
+            with context.wrap_socket(connection, server_side=True):
+                pass
+        except (OSError, ssl.SSLError):
+            pass
+        finally:
+            done.set()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        return handshake_verifies(listener.getsockname(), host, ca.cert_pem)
+    finally:
+        done.wait(10)
+        listener.close()
+
+
+def test_self_signed_mode_issues_a_certificate_the_agent_s_clients_verify(tmp_path: Path) -> None:
+    """The agent serves the webhook's certificate: `certs ensure` and `serve`, parsed by the server's own
+    command line, are given the agent Service's names, and a certificate for what they cover verifies the
+    host the client dials."""
+    objects = render(AGENT)
+    pod = objects["Deployment/cw-copilot-webhook"]["spec"]["template"]["spec"]
+    agent_names = ["cw-copilot-webhook-agent.flyte.svc", "cw-copilot-webhook-agent.flyte.svc.cluster.local"]
+    ensure = _parser().parse_args(pod["initContainers"][0]["args"])
+    serve = _parser().parse_args(pod["containers"][0]["args"])
+    assert ensure.dns == serve.certs_dns == agent_names
+    manager = CertificateManager(
+        client.ApiClient(),
+        ensure.secret,
+        ensure.namespace,
+        webhook_config=ensure.webhook_config,
+        service=ensure.service,
+        days=ensure.days,
+        dns=ensure.dns,
+    )
+    assert set(service_dns_names("cw-copilot-webhook", "flyte")) | set(agent_names) == set(manager.names)
+    host = _server_settings(objects).image_puller.agent.address.rsplit(":", 1)[0]
+    assert _handshake(manager.names, host, tmp_path) is None
+    assert _handshake(service_dns_names("cw-copilot-webhook", "flyte"), host, tmp_path) is not None, (
+        "without the agent's names the client refuses it"
+    )
+
+
+def test_cert_manager_mode_issues_a_certificate_for_the_agent_s_service_too() -> None:
+    objects = render(VARIANTS["agent-cert-manager"])
+    names = objects["Certificate/cw-copilot-webhook"]["spec"]["dnsNames"]
+    assert names == [
+        *service_dns_names("cw-copilot-webhook", "flyte"),
+        "cw-copilot-webhook-agent.flyte.svc",
+        "cw-copilot-webhook-agent.flyte.svc.cluster.local",
+    ]
+    settings = _server_settings(objects).image_puller.agent
+    assert settings.address.rsplit(":", 1)[0] in names
+    # cert-manager's Secret holds ca.crt beside the pair: the webhook mounts all of it where caFile points
+    webhook = objects["Deployment/cw-copilot-webhook"]["spec"]["template"]["spec"]
+    tls = next(v for v in webhook["volumes"] if v["name"] == "tls")
+    assert tls["secret"] == {"secretName": "cw-copilot-webhook-tls"}
+    assert settings.ca_file == "/tls/ca.crt"
+    agent = objects["DaemonSet/cw-copilot-webhook-agent"]["spec"]["template"]["spec"]
+    served = next(v for v in agent["volumes"] if v["name"] == "tls")
+    assert served["secret"]["secretName"] == tls["secret"]["secretName"]
+
+
+def test_the_notes_say_the_agent_needs_a_namespace_that_admits_hostpath() -> None:
+    text = notes(AGENT)
+    assert "pod-security.kubernetes.io/enforce=privileged" in text
+    assert "hostPath" in text
+    assert "rollout status daemonset/cw-copilot-webhook-agent" in text
+    (command,) = re.findall(r"kubectl -n flyte get pods -o wide -l (\S+)", text)
+    selector = dict(pair.split("=", 1) for pair in command.split(","))
+    assert _selects({"matchLabels": selector}, _agent_labels(render(AGENT)))
+    assert not _selects({"matchLabels": selector}, _pod_labels(render(AGENT)))
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"imagePuller": {"mode": "daemon"}}, "/imagePuller/mode"),
+        ({"imagePuller": {"agent": {"address": "agent.svc"}}}, "/imagePuller/agent/address"),
+        ({"imagePuller": {"agent": {"tokenSeconds": 60}}}, "at '/imagePuller/agent/tokenSeconds': minimum"),
+        ({"imagePuller": {"agent": {"runAsUser": 0}}}, "at '/imagePuller/agent/runAsUser': minimum"),
+        ({"imagePuller": {"agent": {"port": 8444}}}, "additional properties 'port' not allowed"),
+        ({"nodeAgent": {"socketDirectory": "run"}}, "/nodeAgent/socketDirectory"),
+        ({"nodeAgent": {"podLabels": {"app.kubernetes.io/name": "x"}}}, "'app.kubernetes.io/name'"),
+        ({"nodeAgent": {"podLabels": {"app.kubernetes.io/component": "x"}}}, "'app.kubernetes.io/component'"),
+        ({"nodeAgent": {"updateStrategy": {"maxUnavailable": 0}}}, "/nodeAgent/updateStrategy/maxUnavailable"),
+        ({"nodeAgent": {"hostNetwork": True}}, "additional properties 'hostNetwork' not allowed"),
+    ],
+)
+def test_bad_agent_values_fail_through_the_schema(values: dict[str, Any], message: str) -> None:
+    with pytest.raises(helm.HelmValuesError, match=re.escape(message)):
+        render(values)
+
+
+@pytest.mark.parametrize("dropped", [{"nodeAgent": None}, {"imagePuller": {"mode": "agent", "agent": None}}])
+def test_agent_mode_with_the_values_of_an_older_chart_is_refused_by_name(dropped: dict[str, Any]) -> None:
+    """`helm upgrade --reuse-values --set imagePuller.mode=agent` of a release an older chart installed renders
+    with that chart's values, which lack the agent's keys (null deletes them here alike)."""
+    with pytest.raises(helm.HelmRenderError, match=re.escape("upgrade with --reset-then-reuse-values")):
+        render({"imagePuller": {"mode": "agent"}, **dropped})
+    assert "DaemonSet/cw-copilot-webhook-agent" not in render({"nodeAgent": None}), "socket mode needs none"

@@ -190,3 +190,33 @@ c.name in {{ toJson $names }} && ((has(c.command) && size(c.command) > 0 && c.co
 {{- include "cw.value" (dict "context" . "key" "preStopSeconds" "default" 5) | int -}}
 {{- end -}}
 {{- end -}}
+
+{{/* "true" when the node agent is rendered: the image puller on, in mode agent. --reuse-values of a release
+     installed by an older chart keeps that chart's values, which lack the agent's: refused by name. */}}
+{{- define "cw.agentMode" -}}
+{{- $on := and .Values.imagePuller.enabled (eq (toString (.Values.imagePuller.mode | default "socket")) "agent") -}}
+{{- if and $on (not (and .Values.nodeAgent .Values.imagePuller.agent)) -}}
+{{- fail "imagePuller.mode agent needs this chart's imagePuller.agent and nodeAgent values, which --reuse-values took from an older chart: upgrade with --reset-then-reuse-values" -}}
+{{- end -}}
+{{- $on -}}
+{{- end -}}
+
+{{/* The name of the agent's DaemonSet, Service, ServiceAccount and roles: FULLNAME-agent, at most 63
+     characters (a Service's name is a DNS label). */}}
+{{- define "cw.agentName" -}}
+{{- include "cw.jobName" (dict "context" . "suffix" "agent") -}}
+{{- end -}}
+
+{{/* The agent's pod labels its Service and DaemonSet select on: a name of its own, so the webhook's
+     Service, disruption budget and NetworkPolicy never hold an agent pod and the agent's never a webhook's. */}}
+{{- define "cw.agentSelector" -}}
+app.kubernetes.io/name: {{ printf "%s-agent" (include "cw.name" .) }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{/* The DNS names of the agent's Service, which the webhook's serving certificate also carries (the agent
+     serves it), as JSON: the first is the one imagePuller.agent.address names by default. */}}
+{{- define "cw.agentDNSNames" -}}
+{{- $host := printf "%s.%s.svc" (include "cw.agentName" .) .Release.Namespace -}}
+{{- toJson (list $host (printf "%s.cluster.local" $host)) -}}
+{{- end -}}
