@@ -1272,6 +1272,12 @@ def test_the_agent_network_policy_admits_every_client_and_reaches_only_dns_and_t
     assert [sorted(p["port"] for p in rule["ports"]) for rule in policy["egress"]] == [[53, 53], [443, 6443]]
     assert all("to" not in rule for rule in policy["egress"])
     assert "NetworkPolicy/cw-copilot-webhook-agent" not in render(AGENT)
+    registries = {"registry.team.svc:5000": {}, "cache.team.svc": {"plainHttp": True}, "tls.team.svc": {}}
+    pulled_here = render(
+        {**AGENT, "networkPolicy": {"enabled": True}, "imagePuller": {**AGENT["imagePuller"], "registries": registries}}
+    )
+    egress = pulled_here["NetworkPolicy/cw-copilot-webhook-agent"]["spec"]["egress"]
+    assert sorted(p["port"] for p in egress[-1]["ports"]) == [80, 443, 5000], "the registries it pulls from itself"
 
 
 @pytest.mark.parametrize(
@@ -1424,3 +1430,21 @@ def test_agent_mode_with_the_values_of_an_older_chart_is_refused_by_name(dropped
     with pytest.raises(helm.HelmRenderError, match=re.escape("upgrade with --reset-then-reuse-values")):
         render({"imagePuller": {"mode": "agent"}, **dropped})
     assert "DaemonSet/cw-copilot-webhook-agent" not in render({"nodeAgent": None}), "socket mode needs none"
+
+
+def test_the_agent_pulls_the_pod_network_registries_as_the_socket_puller_does() -> None:
+    """imagePuller.registries reach the agent's command line, read by the agent's own parser, with each CA
+    in the variable its flag names."""
+    from webhook.pull.agent import _parser
+
+    ca = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
+    registries = {"registry.team.svc:5000": {"ca": ca}, "cache.team.svc": {"plainHttp": True, "skipVerify": True}}
+    objects = render({"imagePuller": {"mode": "agent", "registries": registries}})
+    container = objects["DaemonSet/cw-copilot-webhook-agent"]["spec"]["template"]["spec"]["containers"][0]
+    args = _parser().parse_args(container["args"])
+    assert sorted(args.pod_network_registry) == ["cache.team.svc", "registry.team.svc:5000"]
+    assert args.registry_plain_http == ["cache.team.svc"]
+    assert args.registry_skip_verify == ["cache.team.svc"]
+    host, _, variable = args.registry_ca[0].partition("=")
+    assert host == "registry.team.svc:5000"
+    assert {e["name"]: e.get("value") for e in container["env"]}[variable] == ca

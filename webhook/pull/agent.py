@@ -580,6 +580,8 @@ def build(args: argparse.Namespace) -> AgentServer:
     api = _api(args)
     flavour = runtime_of(api.node(args.node_name))
     path = find_socket(flavour, args.socket_directory)
+    if args.host == "::" and not socket.has_ipv6:  # every address, where the kernel has no IPv6
+        args.host = "0.0.0.0"  # noqa: S104 (the agent serves its node's pods on the pod network)
     clients, route = clients_for(flavour, path, args)
     flights = Flights(clients, workers=args.workers, retries=3, backoff=1.0, route=route)
     return AgentServer(
