@@ -9,6 +9,8 @@ pod runs on another node or is gone, and an image its pod does not name.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
 import socket
@@ -529,3 +531,245 @@ def test_a_registry_only_the_pod_network_reaches_is_pulled_from_the_agents_pod(
     assert run.code == 0, run.lines
     assert run.result(image)["result"] == "pulled", run.lines
     assert image in cluster.containerd.images(), "in the k8s.io namespace, where the kubelet's CRI looks"
+
+
+# --- the adversary: who may ask -----------------------------------------------------------------------
+
+
+def _token_bound_to(cluster: Cluster, kind: str, name: str, uid: str, api_version: str = "v1") -> str:
+    spec = {
+        "audiences": [AUDIENCE],
+        "expirationSeconds": 600,
+        "boundObjectRef": {"kind": kind, "apiVersion": api_version, "name": name, "uid": uid},
+    }
+    answer = cluster.kube.create(f"/api/v1/namespaces/{APPS}/serviceaccounts/app/token", {"spec": spec})
+    token: str = answer["status"]["token"]
+    return token
+
+
+def test_a_token_bound_to_a_secret_or_a_node_is_no_pods(cluster: Cluster, agent: Agent) -> None:
+    secret = cluster.kube.create(f"/api/v1/namespaces/{APPS}/secrets", {"metadata": {"name": "bound-to"}})
+    node = cluster.kube.get(f"/api/v1/nodes/{NODE}")
+    before = agent.health(cluster.ca_pem)["pulls"]
+    for kind, obj in (("Secret", secret), ("Node", node)):
+        token = _token_bound_to(cluster, kind, obj["metadata"]["name"], obj["metadata"]["uid"])
+        answer = _ask(cluster, agent, {"images": [cluster.app]}, token)
+        assert answer.status_code == 403, (kind, answer.text)
+        assert "bound to a pod" in answer.json()["error"], (kind, answer.text)
+    assert agent.health(cluster.ca_pem)["pulls"] == before
+
+
+def test_a_pod_that_has_finished_or_is_being_deleted_may_not_ask(cluster: Cluster, agent: Agent) -> None:
+    """Its init containers are long over (or never run again): its token, still valid, must not pull."""
+    before = agent.health(cluster.ca_pem)["pulls"]
+    seen = {}
+    for phase in ("Succeeded", "Failed"):
+        pod = _pod(cluster, f"finished-{phase.lower()}", [cluster.app])
+        token = _bound_token(cluster, pod)
+        cluster.kube.request(
+            "PATCH",
+            f"/api/v1/namespaces/{APPS}/pods/{pod['metadata']['name']}/status",
+            {"status": {"phase": phase}},
+            headers={"Content-Type": "application/merge-patch+json"},
+        )
+        seen[phase] = _ask(cluster, agent, {"images": [cluster.app]}, token)
+    pod = _pod(cluster, "deleting", [cluster.app])
+    token = _bound_token(cluster, pod)
+    cluster.kube.delete(f"/api/v1/namespaces/{APPS}/pods/deleting")  # no kubelet: it stays, terminating
+    assert cluster.kube.get(f"/api/v1/namespaces/{APPS}/pods/deleting")["metadata"].get("deletionTimestamp")
+    seen["deleting"] = _ask(cluster, agent, {"images": [cluster.app]}, token)
+    statuses = {what: (a.status_code, a.json().get("error", "")) for what, a in seen.items()}
+    assert all(code == 403 for code, _ in statuses.values()), statuses
+    assert "has finished" in statuses["Succeeded"][1], statuses
+    assert "is being deleted" in statuses["deleting"][1], statuses
+    assert agent.health(cluster.ca_pem)["pulls"] == before
+
+
+def test_only_the_images_named_in_the_spec_however_spelled(cluster: Cluster, agent: Agent) -> None:
+    """Equal references are one image (normalised); any other spelling of another image is refused: a
+    digest for a tag, a tag for a digest, another registry's case, and an ephemeral container's image (the
+    init container asks before any exists). Malformed spellings are refused before the token is read."""
+    digest = "sha256:" + "a" * 64
+    host = cluster.plain.host
+    pod = _pod(cluster, "spellings", [cluster.app, f"{host}/team/pinned@{digest}"])
+    token = _bound_token(cluster, pod)
+    ephemeral = {"name": "debug", "image": f"{host}/team/debug:v1", "targetContainerName": "c0"}
+    cluster.kube.request(
+        "PATCH",
+        f"/api/v1/namespaces/{APPS}/pods/spellings/ephemeralcontainers",
+        {"spec": {"ephemeralContainers": [ephemeral]}},
+        headers={"Content-Type": "application/strategic-merge-patch+json"},
+    )
+    before = agent.health(cluster.ca_pem)["pulls"]
+    for image, status in (
+        (f"{host}/team/app", 403),  # :latest, not :v1
+        (f"{host}/team/app@{digest}", 403),
+        (f"{host}/team/app:v1@{digest}", 403),
+        (f"{host}/team/pinned:v1", 403),
+        (f"{host}/team/pinned:latest@{digest}", 403),
+        (f"{host}/team/debug:v1", 403),
+        (f"{host}/team/App:v1", 400),
+        (f" {cluster.app}", 400),
+        (f"{cluster.app} ", 400),
+        (f"{cluster.app}\t", 400),
+    ):
+        answer = _ask(cluster, agent, {"images": [image]}, token)
+        assert answer.status_code == status, (image, answer.text)
+    assert agent.health(cluster.ca_pem)["pulls"] == before
+    same = _ask(cluster, agent, {"images": [cluster.app] * 256}, token)
+    assert same.status_code == 200, same.text
+    results = same.json()["results"]
+    assert len(results) == 256
+    assert {r["result"] for r in results} <= {"present", "pulled"}, results[:2]
+    assert agent.health(cluster.ca_pem)["pulls"] - before <= 1, "one image asked 256 times: one pull at most"
+
+
+# --- the adversary: the HTTP layer --------------------------------------------------------------------
+
+
+def _raw(cluster: Cluster, port: int, data: bytes, timeout: float = 20) -> bytes:
+    """Bytes sent as they are over TLS; whatever comes back until the agent closes."""
+    context = ssl.create_default_context(cadata=cluster.ca_pem)
+    with context.wrap_socket(socket.create_connection(("127.0.0.1", port)), server_hostname="127.0.0.1") as sock:
+        sock.settimeout(timeout)
+        with contextlib.suppress(OSError):
+            sock.sendall(data)
+        answer = b""
+        with contextlib.suppress(OSError):
+            while chunk := sock.recv(65536):
+                answer += chunk
+    return answer
+
+
+def _head(length: str, *more: str, body: bytes = b"{}") -> bytes:
+    lines = ["POST /v1/pull HTTP/1.1", "Host: agent", "Content-Type: application/json", *more]
+    if length:
+        lines.append(f"Content-Length: {length}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+
+def test_malformed_heads_are_answered_by_status_and_never_break_the_agent(cluster: Cluster, agent: Agent) -> None:
+    cases: dict[str, tuple[bytes, bytes]] = {
+        "101 header lines": (_head("2", *[f"X-{i}: y" for i in range(101)]), b"HTTP/1.1 431"),
+        "a 64 KiB request line": (b"POST /" + b"a" * 65536 + b" HTTP/1.1\r\n\r\n", b"HTTP/1.1 414"),
+        "a negative Content-Length": (_head("-1"), b"HTTP/1.1 411"),
+        "a Content-Length of other digits": (_head("\u00b2"), b"HTTP/1.1 411"),  # '²'.isdigit(), int() refuses it
+        "a huge Content-Length": (_head("9" * 40), b"HTTP/1.1 413"),
+        "a chunked body": (_head("", "Transfer-Encoding: chunked", body=b"2\r\n{}\r\n0\r\n\r\n"), b"HTTP/1.1 411"),
+        "chunked with a length": (_head("7", "Transfer-Encoding: chunked", body=b"2\r\n{}\r\n"), b"HTTP/1.1 411"),
+        "Expect: 100-continue": (_head("2", "Expect: 100-continue"), b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 401"),
+        "another method": (b"PUT /v1/pull HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n", b"HTTP/1.1 501"),
+        "HTTP/2's preface": (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", b"HTTP/1.1 505"),
+        "not HTTP": (b"\x00\x01\x02garbage\r\n\r\n", b"HTTP/1.1 400"),
+    }
+    seen = {what: _raw(cluster, agent.port, data)[:60] for what, (data, _) in cases.items()}
+    wrong = {what: seen[what] for what, (_, start) in cases.items() if not seen[what].startswith(start)}
+    assert not wrong, wrong
+    with socket.create_connection(("127.0.0.1", agent.port), timeout=10) as plain:  # HTTP to the TLS port
+        plain.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        with contextlib.suppress(OSError):
+            assert not plain.recv(100).startswith(b"HTTP/1.1 200")
+    assert _healthy(agent, cluster)
+    assert "Traceback" not in agent.log.read_text(), agent.log.read_text()[-3000:]
+
+
+# --- the adversary: one pull per image and credentials ------------------------------------------------
+
+
+def _ask_in_background(cluster: Cluster, agent: Agent, body: Any, token: str) -> tuple[threading.Thread, list[Any]]:
+    """The answer (a Response, or the exception) lands in the list when it comes."""
+    answers: list[Any] = []
+
+    def ask() -> None:
+        try:
+            answers.append(_ask(cluster, agent, body, token))
+        except Exception as exc:
+            answers.append(exc)
+
+    thread = threading.Thread(target=ask)
+    thread.start()
+    return thread, answers
+
+
+def _result(answers: list[Any]) -> dict[str, Any]:
+    assert answers, "no answer"
+    assert isinstance(answers[0], httpx.Response), answers
+    assert answers[0].status_code == 200, answers[0].text
+    result: dict[str, Any] = answers[0].json()["results"][0]
+    return result
+
+
+def test_a_later_deadline_joining_a_flight_is_answered_by_its_own_deadline(cluster: Cluster, agent: Agent) -> None:
+    """The first asker gives the pull 1 s, the second 60 s: the second must not inherit the first's end."""
+    _remove_now(cluster, cluster.big)
+    short, long = (_pod(cluster, f"deadline-{what}", [cluster.big]) for what in ("short", "long"))
+    before = agent.health(cluster.ca_pem)["pulls"]
+    first, first_answer = _ask_in_background(
+        cluster, agent, {"images": [cluster.big], "timeoutSeconds": 1}, _bound_token(cluster, short)
+    )
+    assert wait_for(lambda: agent.health(cluster.ca_pem)["pulls"] > before, timeout=10)
+    second, second_answer = _ask_in_background(
+        cluster, agent, {"images": [cluster.big], "timeoutSeconds": 60}, _bound_token(cluster, long)
+    )
+    first.join(60)
+    second.join(90)
+    assert _result(first_answer)["result"] == "failed", first_answer
+    assert _result(second_answer)["result"] == "pulled", second_answer[0].text
+    assert agent.health(cluster.ca_pem)["pulls"] - before == 1, "the second joined the first's pull"
+
+
+def _remove_now(cluster: Cluster, image: str) -> None:
+    """The image under every name the CRI gave it (its tag, repo digest and id), and its content: a pull
+    of it fetches it all again."""
+    ctr = ["ctr", "--address", cluster.containerd.socket, "--namespace", "k8s.io", "images"]
+    listing = subprocess.run([*ctr, "ls"], capture_output=True, text=True, timeout=30, check=True).stdout
+    rows = [line.split() for line in listing.splitlines()[1:]]
+    targets = {row[2] for row in rows if row[0] == image}
+    names = [row[0] for row in rows if row[2] in targets]
+    if names:
+        subprocess.run([*ctr, "rm", "--sync", *names], capture_output=True, timeout=30, check=True)
+
+
+def test_other_credentials_never_join_a_flight(cluster: Cluster, agent: Agent) -> None:
+    _remove_now(cluster, cluster.big)
+    pods = [_pod(cluster, f"credentials-{i}", [cluster.big]) for i in range(2)]
+    before = agent.health(cluster.ca_pem)["pulls"]
+    asks = []
+    for i, pod in enumerate(pods):
+        secret = {"auths": {cluster.slow: {"username": f"user{i}", "password": "secret"}}}
+        body = {"images": [cluster.big], "pullSecrets": {"s": json.dumps(secret)}}
+        asks.append(_ask_in_background(cluster, agent, body, _bound_token(cluster, pod)))
+    for thread, _ in asks:
+        thread.join(120)
+    assert {_result(answers)["result"] for _, answers in asks} <= {"pulled", "present"}
+    assert agent.health(cluster.ca_pem)["pulls"] - before == 2, "two credentials: two pulls"
+
+
+def test_a_pods_slow_pulls_do_not_starve_another_pods_request(cluster: Cluster, tmp_path: Path) -> None:
+    """Pod A's pull hangs, with as many images as the agent pulls at once; pod B's image is on the node:
+    B is answered at once, not 'timed out waiting' behind A."""
+    agent = _start_agent(cluster, "--workers=1")
+    try:
+        with hanging_server() as port:
+            cluster.containerd.trust(f"127.0.0.1:{port}", plain_http=True)
+            hanging = f"127.0.0.1:{port}/team/app:v1"
+            a, b = _pod(cluster, "starver", [hanging]), _pod(cluster, "starved", [cluster.app])
+            token_b = _bound_token(cluster, b)
+            assert _result([_ask(cluster, agent, {"images": [cluster.app]}, token_b)])["result"] in (
+                "present",
+                "pulled",
+            )
+            thread, _ = _ask_in_background(
+                cluster, agent, {"images": [hanging], "timeoutSeconds": 30}, _bound_token(cluster, a)
+            )
+            assert wait_for(lambda: agent.health(cluster.ca_pem)["pulls"] == 2, timeout=10)
+            started = time.monotonic()
+            answer = _ask(cluster, agent, {"images": [cluster.app], "timeoutSeconds": 10}, token_b)
+            took = time.monotonic() - started
+            assert _result([answer])["result"] == "present", answer.text
+            assert took < 5, f"B waited {took:.1f} s behind A's pull"
+            stop_process(agent.process)
+            thread.join(30)
+    finally:
+        stop_process(agent.process)
+    assert "Traceback" not in agent.log.read_text(), agent.log.read_text()[-3000:]

@@ -40,7 +40,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from types import FrameType
 from typing import Any
@@ -133,18 +133,27 @@ class Gate:
         namespace, account = parts
         caller = Caller(namespace, str(names[0]))
         pod = self._pod(caller)
-        meta, spec = _object(pod, "metadata"), _object(pod, "spec")
-        if meta.get("uid") != uids[0]:
-            raise Refused(403, f"the token's pod {caller} no longer exists (its uid changed)")
-        if spec.get("nodeName") != self.node:
-            raise Refused(403, f"pod {caller} runs on node {spec.get('nodeName') or '(none)'}, not on {self.node}")
-        if (spec.get("serviceAccountName") or "default") != account:
-            raise Refused(403, f"pod {caller} does not run as service account {account}")
+        self._may_ask(caller, pod, str(uids[0]), account)
         named = pod_images(pod)
         for image in images:
             if normalise(image) not in named:
                 raise Refused(403, f"pod {caller} does not name the image {image[:200]}")
         return caller
+
+    def _may_ask(self, caller: Caller, pod: dict[str, Any], uid: str, account: str) -> None:
+        meta, spec = _object(pod, "metadata"), _object(pod, "spec")
+        if meta.get("uid") != uid:
+            raise Refused(403, f"the token's pod {caller} no longer exists (its uid changed)")
+        # Its init containers ask before its containers start: a finished pod never asks again, nor one
+        # being deleted (its token stays valid until some time after deletion).
+        if meta.get("deletionTimestamp"):
+            raise Refused(403, f"pod {caller} is being deleted")
+        if _object(pod, "status").get("phase") in ("Succeeded", "Failed"):
+            raise Refused(403, f"pod {caller} has finished")
+        if spec.get("nodeName") != self.node:
+            raise Refused(403, f"pod {caller} runs on node {spec.get('nodeName') or '(none)'}, not on {self.node}")
+        if (spec.get("serviceAccountName") or "default") != account:
+            raise Refused(403, f"pod {caller} does not run as service account {account}")
 
     def _pod(self, caller: Caller) -> dict[str, Any]:
         try:
@@ -165,10 +174,23 @@ def _fingerprint(keyring: Keyring) -> str:
     return digest.hexdigest()
 
 
+@dataclass
+class _Flight:
+    deadline: float  # the latest deadline of the requests waiting for it
+    done: threading.Event
+    outcome: PullOutcome | None = None
+
+
 class Flights:
     """Pulls in progress, each shared by every request for the same image with the same credentials: a
     request that asks with other credentials pulls for itself, so nobody is told an image is theirs on
-    the strength of someone else's secret."""
+    the strength of someone else's secret.
+
+    Rules: each request pulls in lanes of its own, at most `workers` at once, so no request waits in a
+    queue behind another's pulls (it waits only for a pull of its own image it joined); a flight runs
+    until the latest deadline of its requests, so a request that joins later is not answered by an
+    earlier one's deadline; at most `lanes` lanes run on the node (the connections at once times
+    `workers`)."""
 
     def __init__(
         self,
@@ -178,62 +200,100 @@ class Flights:
         retries: int,
         backoff: float,
         route: dict[str, str] | None = None,
+        lanes: int | None = None,
     ) -> None:
         """`route`: registry host -> the client that pulls its images, when not the runtime's ("default")."""
         self.clients, self.route, self.retries, self.backoff = clients, route or {}, retries, backoff
-        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="pull")
+        self.workers = workers
+        self.pool = ThreadPoolExecutor(max_workers=lanes or workers, thread_name_prefix="pull")
         self.lock = threading.Lock()
-        self.running: dict[tuple[str, str], Future[PullOutcome]] = {}
+        self.running: dict[tuple[str, str], _Flight] = {}
         self.pullers: set[Puller] = set()
         self.stopping = threading.Event()
         self.pulls = 0  # flights started, for tests and logs
 
-    def _start(self, image: str, keyring: Keyring, deadline: float) -> Future[PullOutcome]:
-        puller = Puller(
-            self.clients, self.route, keyring, deadline=deadline, retries=self.retries, backoff=self.backoff
-        )
-        self.pullers.add(puller)
-        if self.stopping.is_set():
-            puller.stopping.set()
-        self.pulls += 1
-
-        def run() -> PullOutcome:
-            try:
-                return puller.one(image)
-            finally:
-                with self.lock:
-                    self.pullers.discard(puller)
-
-        return self.pool.submit(run)
-
     def pull(self, images: list[str], keyring: Keyring, deadline: float) -> list[PullOutcome]:
+        """Each image's outcome, in the order asked, by the deadline: what is not done by then failed."""
         fingerprint = _fingerprint(keyring)
-        futures: list[Future[PullOutcome]] = []
-        with self.lock:
-            for image in images:
-                key = (normalise(image), fingerprint)
-                future = self.running.get(key)
-                if future is None:
-                    future = self._start(image, keyring, deadline)
-                    self.running[key] = future
-                    future.add_done_callback(self._forget(key))
-                futures.append(future)
-        wait(futures, timeout=max(deadline - time.monotonic(), 0))
-        outcomes = []
-        for image, future in zip(images, futures, strict=True):
-            if future.done():
-                outcome = future.result()
-                outcomes.append(PullOutcome(image, outcome.result, outcome.attempts, outcome.seconds, outcome.error))
+        keys = list(dict.fromkeys(normalise(image) for image in images))  # one image however often asked
+        todo = iter(keys)
+        outcomes: dict[str, PullOutcome] = {}
+        taken = threading.Lock()
+
+        def lane() -> None:
+            while not self.stopping.is_set() and time.monotonic() < deadline:
+                with taken:
+                    key = next(todo, None)
+                if key is None:
+                    return
+                outcomes[key] = self._one(key, fingerprint, keyring, deadline)
+
+        lanes = []
+        with contextlib.suppress(RuntimeError):  # the pool is shut: the agent is stopping
+            lanes = [self.pool.submit(lane) for _ in range(min(self.workers, len(keys)))]
+        wait(lanes, timeout=max(deadline - time.monotonic(), 0))
+        answered = []
+        for image in images:
+            outcome = outcomes.get(normalise(image))
+            if outcome is not None:
+                answered.append(PullOutcome(image, outcome.result, outcome.attempts, outcome.seconds, outcome.error))
+            elif self.stopping.is_set():
+                answered.append(PullOutcome(image, "cancelled", 0, 0.0, "the agent is stopping"))
             else:
-                outcomes.append(PullOutcome(image, "failed", 0, 0.0, "timed out waiting for the node's pull"))
-        return outcomes
+                answered.append(PullOutcome(image, "failed", 0, 0.0, "timed out waiting for the node's pull"))
+        return answered
 
-    def _forget(self, key: tuple[str, str]) -> Callable[[Future[PullOutcome]], None]:
-        def done(_future: Future[PullOutcome]) -> None:
+    def _one(self, key: str, fingerprint: str, keyring: Keyring, deadline: float) -> PullOutcome:
+        """The image's outcome: from the flight in progress for it with these credentials, or its own."""
+        with self.lock:
+            flight = self.running.get((key, fingerprint))
+            if flight is None:
+                flight = self.running[(key, fingerprint)] = _Flight(deadline, threading.Event())
+                self.pulls += 1
+                mine = True
+            else:
+                flight.deadline = max(flight.deadline, deadline)
+                mine = False
+        if mine:
+            return self._fly(key, fingerprint, keyring, flight)
+        if flight.done.wait(max(deadline - time.monotonic(), 0)) and flight.outcome is not None:
+            return flight.outcome
+        return PullOutcome(key, "failed", 0, 0.0, "timed out waiting for the node's pull")
+
+    def _fly(self, key: str, fingerprint: str, keyring: Keyring, flight: _Flight) -> PullOutcome:
+        """The pull, again while it ran out of time and a request that joined meanwhile has more. It ends
+        under the lock: a request either joined in time to be counted, or starts a flight of its own."""
+        outcome = PullOutcome(key, "failed", 0, 0.0, "the agent failed")
+        try:
+            while True:
+                with self.lock:
+                    attempt = flight.deadline
+                    puller = Puller(
+                        self.clients, self.route, keyring, deadline=attempt, retries=self.retries, backoff=self.backoff
+                    )
+                    self.pullers.add(puller)
+                    if self.stopping.is_set():
+                        puller.stopping.set()
+                try:
+                    outcome = puller.one(key)
+                finally:
+                    with self.lock:
+                        self.pullers.discard(puller)
+                with self.lock:
+                    ran_out = outcome.result == "failed" and time.monotonic() >= attempt
+                    if not ran_out or flight.deadline <= attempt or self.stopping.is_set():
+                        self._land(key, fingerprint, flight, outcome)
+                        return outcome
+        except Exception:  # a defect: logged with its stack; the requests waiting are answered all the same
+            log.exception("pull of %s", key)
             with self.lock:
-                self.running.pop(key, None)
+                self._land(key, fingerprint, flight, outcome)
+            return outcome
 
-        return done
+    def _land(self, key: str, fingerprint: str, flight: _Flight, outcome: PullOutcome) -> None:
+        self.running.pop((key, fingerprint), None)
+        flight.outcome = outcome
+        flight.done.set()
 
     def stop(self) -> None:
         self.stopping.set()
@@ -284,6 +344,7 @@ def parse_request(body: bytes, max_timeout: float) -> PullRequest:
 class Handler(http.server.BaseHTTPRequestHandler):
     server: AgentServer
     protocol_version = "HTTP/1.1"
+    default_request_version = "HTTP/1.1"  # every answer has a status line, even to a head that names none
     server_version = "copilot-webhook-agent"
     sys_version = ""
 
@@ -342,8 +403,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if self.headers.get_content_type() != "application/json":
             raise Refused(415, "the body must be application/json")
         length = self.headers.get("Content-Length", "")
-        if not length.isdigit():
-            raise Refused(411, "a Content-Length is required")
+        # ASCII digits only: str.isdigit() also takes '²', which int() refuses. A body in chunks is not read.
+        if not (length.isascii() and length.isdigit()) or "Transfer-Encoding" in self.headers:
+            raise Refused(411, "a Content-Length (and no Transfer-Encoding) is required")
         if int(length) > BODY_LIMIT:
             raise Refused(413, f"the body is larger than {BODY_LIMIT} bytes")
         body = self.rfile.read(int(length))
@@ -538,7 +600,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--node-name", default=os.environ.get("NODE_NAME"), help="this node (default: $NODE_NAME)")
     parser.add_argument("--socket-directory", default="/host/run", help="the host directory of the runtime sockets")
     parser.add_argument("--max-connections", type=int, default=64, help="connections at once (default 64)")
-    parser.add_argument("--workers", type=int, default=8, help="pulls at once (default 8)")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=4,
+        help="pulls at once for one request, as the socket mode's --parallel (default 4)",
+    )
     parser.add_argument("--timeout", type=float, default=300, help="seconds a request may take at most (default 300)")
     parser.add_argument(
         "--request-timeout", type=float, default=HEAD_SECONDS, help="seconds for a request to arrive whole (default 15)"
@@ -583,7 +650,8 @@ def build(args: argparse.Namespace) -> AgentServer:
     if args.host == "::" and not socket.has_ipv6:  # every address, where the kernel has no IPv6
         args.host = "0.0.0.0"  # noqa: S104 (the agent serves its node's pods on the pod network)
     clients, route = clients_for(flavour, path, args)
-    flights = Flights(clients, workers=args.workers, retries=3, backoff=1.0, route=route)
+    lanes = args.max_connections * args.workers
+    flights = Flights(clients, workers=args.workers, retries=3, backoff=1.0, route=route, lanes=lanes)
     return AgentServer(
         (args.host, args.port),
         ReloadingContext(args.tls_cert, args.tls_key),
