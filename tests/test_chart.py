@@ -221,7 +221,7 @@ def test_webhook_configuration_selectors_and_rules() -> None:
             "operator": "NotIn",
             "values": ["kube-system", "kube-public", "kube-node-lease", "flyte"],
         }
-        assert opt_out == {"key": "copilot-webhook.io/inject", "operator": "NotIn", "values": ["disabled"]}
+        assert opt_out == {"key": "copilot-webhook.io/inject", "operator": "NotIn", "values": ["disabled", "false"]}
         assert hook["objectSelector"]["matchExpressions"] == [
             {"key": "copilot-webhook.io/webhook-release", "operator": "NotIn", "values": ["cw-copilot-webhook"]}
         ]

@@ -387,6 +387,8 @@ class PodSecuritySettings(_Section):
 class Settings(_Section):
     mode: Literal["enforce", "shadow"] = "enforce"
     """enforce, or shadow: compute and report everything, patch nothing."""
+    inject: Literal["opt-out", "opt-in"] = "opt-out"
+    """opt-out: all namespaces but those labelled copilot-webhook.io/inject=disabled; opt-in: only =enabled ones."""
     failure_policy: Literal["Ignore", "Fail"] = "Ignore"
     """When a review cannot be decided: Ignore (admit, warn) or Fail (deny, naming the cause)."""
     ptrace: PtraceSettings = PtraceSettings()

@@ -18,11 +18,11 @@ from webhook.mutation.pod import Container, PodView
 from webhook.mutation.podsecurity import Level
 from webhook.mutation.pointer import Operation, add, remove
 from webhook.mutation.reasons import NoCapability, PtraceSkip
+from webhook.mutation.vocabulary import PTRACE as PTRACE_ANNOTATION
 
 SIDECAR_ROLES = frozenset({"uploader", "sidecar"})
 ROLES = SIDECAR_ROLES | {"downloader"}
 PRIMARY_ANNOTATION = "primary_container_name"
-PTRACE_ANNOTATION = "copilot-webhook.io/ptrace"
 CAPABILITY = "SYS_PTRACE"
 _PRIVILEGE = {"drop": 0, "keep": 1, "add": 2}
 
@@ -95,8 +95,7 @@ def effective_mode(view: PodView, settings: PtraceSettings, result: PtraceResult
     wanted = view.annotation(PTRACE_ANNOTATION)
     if wanted is None:
         return settings.mode
-    if wanted not in _PRIVILEGE:
-        result.warnings.append(f"{PTRACE_ANNOTATION}={wanted[:20]!r} ignored: expected add, drop or keep")
+    if wanted not in _PRIVILEGE:  # warned of with every value of ours not understood (vocabulary.py)
         return settings.mode
     if _PRIVILEGE[wanted] > _PRIVILEGE[settings.mode] and not settings.allow_pod_override:
         result.warnings.append(f"{PTRACE_ANNOTATION}={wanted} refused: grants more than ptrace.mode {settings.mode}")

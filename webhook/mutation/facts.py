@@ -11,9 +11,10 @@ from types import MappingProxyType
 from typing import Literal, NamedTuple
 
 from webhook.mutation.nodeindex import LabelIndex
+from webhook.mutation.vocabulary import INJECT, MODE
 
-INJECT_LABEL = "copilot-webhook.io/inject"
-MODE_LABEL = "copilot-webhook.io/mode"
+INJECT_LABEL = INJECT
+MODE_LABEL = MODE
 PSA_ENFORCE_LABEL = "pod-security.kubernetes.io/enforce"
 NAMESPACE_LABELS = (INJECT_LABEL, MODE_LABEL, PSA_ENFORCE_LABEL)  # all the namespace cache keeps
 

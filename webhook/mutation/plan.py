@@ -21,13 +21,14 @@ from webhook.mutation.pointer import Operation, add, join
 from webhook.mutation.puller import PullerResult, plan_puller
 from webhook.mutation.reasons import PlanSkip
 from webhook.mutation.runtime import Runtime
+from webhook.mutation.vocabulary import INJECT, MUTATED, Ignored, check, switch
 
 Kind = Literal["ptrace", "image-puller"]  # the two kinds of mutation, each with its own webhook path
 PTRACE: Kind = "ptrace"
 PULLER: Kind = "image-puller"
 KINDS: tuple[Kind, ...] = (PTRACE, PULLER)
-INJECT_ANNOTATION = "copilot-webhook.io/inject"
-MUTATED_ANNOTATION = "copilot-webhook.io/mutated"
+INJECT_ANNOTATION = INJECT
+MUTATED_ANNOTATION = MUTATED
 _SUMMARY_ORDER: dict[str, int] = {PTRACE: 0, PULLER: 1}
 _MUTATED_PATH = join("metadata", "annotations", MUTATED_ANNOTATION)
 
@@ -54,6 +55,7 @@ class Plan:
     undecided: str | None = None
     runtime: Runtime | None = None  # the image puller's runtime decision, when it got that far
     runtime_note: str = ""  # why there is no runtime decision
+    ignored: list[Ignored] = field(default_factory=list)  # values of ours not understood (each also a warning)
 
 
 def _skip_all(kinds: Collection[str], reason: PlanSkip, warnings: list[str] | None = None) -> Plan:
@@ -88,11 +90,17 @@ def summary_change(view: PodView, parts: Mapping[str, str]) -> Change | None:
     return Change(add(_MUTATED_PATH, value), why)
 
 
-def _opted_out(view: PodView, cluster: ClusterFacts) -> PlanSkip | None:
-    if view.annotation(INJECT_ANNOTATION) == "false":
+def _opted_out(view: PodView, cluster: ClusterFacts, settings: Settings) -> PlanSkip | None:
+    """The pod's and its namespace's switch (vocabulary.py). In opt-in mode a namespace the webhook knows
+    is served only when labelled on; one it does not know (no cluster access, not cached yet) was chosen
+    by the API server's namespaceSelector, which asks the same."""
+    if switch(view.annotation(INJECT_ANNOTATION)) is False:
         return "pod-opt-out"
-    if cluster.label(INJECT_LABEL) == "disabled":
+    namespace = switch(cluster.label(INJECT_LABEL))
+    if namespace is False:
         return "namespace-opt-out"
+    if settings.inject == "opt-in" and namespace is None and cluster.namespace_labels is not None:
+        return "namespace-not-opted-in"
     return None
 
 
@@ -110,12 +118,15 @@ def _record(out: Plan, view: PodView) -> None:
 def plan(pod: Any, facts: Facts, settings: Settings, *, kinds: Collection[str] = KINDS) -> Plan:
     view = read_pod(pod)
     cluster = facts.cluster
-    opted_out = _opted_out(view, cluster)
+    ignored = check(view.annotations, cluster.namespace_labels, ptrace=PTRACE in kinds, puller=PULLER in kinds)
+    opted_out = _opted_out(view, cluster, settings)
     if opted_out is not None:
-        return _skip_all(kinds, opted_out)
+        skipped = _skip_all(kinds, opted_out, [i.warning for i in ignored])
+        skipped.ignored = ignored
+        return skipped
     shadow = settings.mode == "shadow" or cluster.label(MODE_LABEL) == "shadow"
 
-    out = Plan(shadow=shadow)
+    out = Plan(shadow=shadow, warnings=[i.warning for i in ignored], ignored=ignored)
     undecided: list[str] = []
     copilot = find_copilot(view, settings.copilot)
     level = level_in_force(view, facts, settings.pod_security)

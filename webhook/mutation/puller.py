@@ -28,6 +28,7 @@ from webhook.mutation.pointer import Operation, add, join
 from webhook.mutation.reasons import PullerSkip
 from webhook.mutation.runtime import Runtime, decide_runtime
 from webhook.mutation.scheduling import required_terms
+from webhook.mutation.vocabulary import IMAGE_PULLER, switch
 from webhook.references import Reference, normalise, parse
 
 S = TypeVar("S")
@@ -311,7 +312,7 @@ def pin_ops(view: PodView, label: str, flavour: str) -> list[tuple[Operation, st
     return ops
 
 
-PULLER_ANNOTATION = "copilot-webhook.io/image-puller"
+PULLER_ANNOTATION = IMAGE_PULLER
 
 
 @dataclass(slots=True)
@@ -335,7 +336,7 @@ def plan_puller(
     """Raises Undecidable on a name clash (spec 1.3: handled per failurePolicy)."""
     if not settings.enabled:
         return _skip("disabled")
-    if view.annotation(PULLER_ANNOTATION) == "false":
+    if switch(view.annotation(PULLER_ANNOTATION)) is False:
         return _skip("pod-opt-out")
     if settings.scope == "copilot" and not is_copilot:
         return _skip("not-copilot")

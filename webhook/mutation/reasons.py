@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Literal
 
 # The whole pod, before either kind is planned.
-PlanSkip = Literal["pod-opt-out", "namespace-opt-out", "not-copilot", "undecided"]
+PlanSkip = Literal["pod-opt-out", "namespace-opt-out", "namespace-not-opted-in", "not-copilot", "undecided"]
 # Why a copilot pod needs no SYS_PTRACE: its watcher is a native sidecar (Flyte 1.16+), or it has none.
 NoCapability = Literal["native-sidecar", "no-watcher"]
 # The SYS_PTRACE policy.

@@ -82,6 +82,14 @@ class Metrics:
             ["policy"],
             registry=self.registry,
         )
+        self.ignored_values = Counter(
+            "copilot_webhook_ignored_values",
+            "Values of the webhook's own labels and annotations it did not understand and ignored, with a warning, "
+            "per review: by where (pod, namespace) and key (inject, ptrace, image-puller, mode; unknown for any "
+            "other annotation under copilot-webhook.io/).",
+            ["source", "key"],
+            registry=self.registry,
+        )
         self.certificate_expiry = Gauge(
             "copilot_webhook_certificate_expiry_timestamp_seconds",
             "Unix time at which the served certificate expires.",
@@ -158,6 +166,8 @@ class Metrics:
     def count_plan(self, plan: Plan, failure_policy: str) -> None:
         if plan.undecided is not None:
             self.undecided.labels(failure_policy).inc()
+        for ignored in plan.ignored:
+            self.ignored_values.labels(ignored.source, ignored.key).inc()
         mode = "shadow" if plan.shadow else "enforce"
         for kind, outcome in plan.outcomes.items():
             if outcome.mutated:

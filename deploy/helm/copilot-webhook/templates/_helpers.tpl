@@ -177,6 +177,20 @@ c.name in {{ toJson $names }} && ((has(c.command) && size(c.command) > 0 && c.co
 {{- end -}}
 
 {{/* Namespaces never sent to the webhook: the control plane's own and ours, whatever excludeNamespaces says. */}}
+{{/* The namespaces served, as the server's own check reads copilot-webhook.io/inject (webhook/mutation/vocabulary.py):
+     opt-out serves every namespace not switched off (disabled, false); opt-in only those switched on (enabled, true).
+     `inject` defaults to opt-out where --reuse-values keeps the values of a chart that predates it. */}}
+{{- define "cw.injectSelector" -}}
+- key: copilot-webhook.io/inject
+{{- if eq (.Values.inject | default "opt-out") "opt-in" }}
+  operator: In
+  values: [enabled, "true"]
+{{- else }}
+  operator: NotIn
+  values: [disabled, "false"]
+{{- end }}
+{{- end -}}
+
 {{- define "cw.excludedNamespaces" -}}
 {{- toJson (concat (list "kube-system" "kube-public" "kube-node-lease") .Values.webhook.excludeNamespaces (list .Release.Namespace) | uniq) -}}
 {{- end -}}
