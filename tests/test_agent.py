@@ -773,3 +773,189 @@ def test_a_pods_slow_pulls_do_not_starve_another_pods_request(cluster: Cluster, 
     finally:
         stop_process(agent.process)
     assert "Traceback" not in agent.log.read_text(), agent.log.read_text()[-3000:]
+
+
+# --- the adversary: holding on, and stopping ----------------------------------------------------------
+
+
+def test_a_client_that_never_reads_its_answer_does_not_keep_its_slot(cluster: Cluster) -> None:
+    """An answer of 256 long results to a client whose receive window is tiny and that never reads: the
+    slot comes back (the answer is bounded by --request-timeout, as the request is)."""
+    agent = _start_agent(cluster, "--request-timeout=2", "--max-connections=1")
+    try:
+        images = [f"{cluster.plain.host}/team/{'n' * 200}{i:03d}:v1" for i in range(256)]  # none exist
+        pod = cluster.kube.create_pod(
+            APPS,
+            {
+                "metadata": {"name": "never-reads"},
+                "spec": {
+                    "nodeName": NODE,
+                    "serviceAccountName": "app",
+                    "containers": [{"name": f"c{i}", "image": image} for i, image in enumerate(images)],
+                },
+            },
+        )
+        body = json.dumps({"images": images, "timeoutSeconds": 60}).encode()
+        head = _head(str(len(body)), f"Authorization: Bearer {_bound_token(cluster, pod)}", body=body)
+        raw = socket.socket()
+        raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+        raw.connect(("127.0.0.1", agent.port))
+        context = ssl.create_default_context(cadata=cluster.ca_pem)
+        with context.wrap_socket(raw, server_hostname="127.0.0.1") as sock:
+            sock.sendall(head)
+            started = time.monotonic()
+            # health is refused while the request holds the one slot; it is back once the answer is cut
+            assert wait_for(lambda: _healthy(agent, cluster), timeout=60), "the slot never came back"
+            assert time.monotonic() - started < 30
+    finally:
+        stop_process(agent.process)
+    assert "Traceback" not in agent.log.read_text(), agent.log.read_text()[-3000:]
+
+
+def test_sigterm_answers_the_requests_in_flight_and_exits_at_once(cluster: Cluster, tmp_path: Path) -> None:
+    with hanging_server() as port:
+        cluster.containerd.trust(f"127.0.0.1:{port}", plain_http=True)
+        hanging = f"127.0.0.1:{port}/team/app:v1"
+        pod = _pod(cluster, "stopped", [hanging])
+        agent = _start_agent(cluster)
+        try:
+            command, env = _client(
+                cluster, agent.port, [hanging], _bound_token(cluster, pod), tmp_path, failurePolicy="Fail"
+            )
+            client = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+            assert wait_for(partial(_pulls_started, agent, cluster), timeout=30), agent.log.read_text()
+            started = time.monotonic()
+            agent.process.send_signal(signal.SIGTERM)
+            code = agent.process.wait(timeout=30)
+            took = time.monotonic() - started
+            out, err = client.communicate(timeout=30)
+        finally:
+            stop_process(agent.process)
+    log = agent.log.read_text()
+    assert "Traceback" not in log + err, log + err
+    assert code == 0, log
+    assert took < 10, f"the agent took {took:.1f} s to stop"
+    assert f"image={hanging} result=cancelled" in out, out
+    assert client.returncode == 1, out
+
+
+# --- the adversary: the client against an agent that misbehaves ---------------------------------------
+
+
+class _FakeAgent:
+    """A TLS server with the agent's certificate that answers each connection with `behaviour`."""
+
+    def __init__(self, cluster: Cluster, behaviour: Any) -> None:
+        self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self.context.load_cert_chain(*cluster.tls)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.behaviour = behaviour
+        self.stop = threading.Event()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while not self.stop.is_set():
+            try:
+                sock, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._one, args=(sock,), daemon=True).start()
+
+    def _one(self, sock: socket.socket) -> None:
+        with contextlib.suppress(OSError), self.context.wrap_socket(sock, server_side=True) as tls:
+            tls.settimeout(30)
+            request = b""
+            while b"\r\n\r\n" not in request:
+                request += tls.recv(65536)
+            head, _, body = request.partition(b"\r\n\r\n")
+            length = int(head.lower().partition(b"content-length:")[2].split(b"\r\n")[0])
+            while len(body) < length:  # all of it: closing with bytes unread would reset the connection
+                body += tls.recv(65536)
+            self.behaviour(tls, self.stop)
+            with contextlib.suppress(OSError):
+                tls.unwrap()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.listener.close()
+
+
+def _answer(body: bytes, status: str = "200 OK", length: int | None = None) -> Any:
+    def behave(tls: ssl.SSLSocket, _stop: threading.Event) -> None:
+        size = len(body) if length is None else length
+        tls.sendall(f"HTTP/1.1 {status}\r\nContent-Length: {size}\r\n\r\n".encode() + body)
+
+    return behave
+
+
+def _drip(tls: ssl.SSLSocket, stop: threading.Event) -> None:
+    tls.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n")
+    while not stop.wait(0.2):
+        tls.sendall(b" ")
+
+
+def _silent(_tls: ssl.SSLSocket, stop: threading.Event) -> None:
+    stop.wait(120)
+
+
+def test_the_client_survives_any_answer_within_its_deadline(cluster: Cluster, tmp_path: Path) -> None:
+    image = cluster.app
+    result = {"image": image, "result": "pulled", "attempts": 1, "seconds": 1.0, "error": ""}
+    behaviours: dict[str, tuple[Any, str]] = {
+        "garbage": (_answer(b"\x00garbage"), "that is not JSON"),
+        "a refusal without JSON": (_answer(b"<html>", "502 Bad Gateway"), "HTTP 502 that is not JSON"),
+        "no result": (_answer(json.dumps({"results": []}).encode()), "without one result per image"),
+        "two results": (_answer(json.dumps({"results": [result, result]}).encode()), "without one result per image"),
+        "an unknown result": (_answer(json.dumps({"results": [result | {"result": "ok"}]}).encode()), "none of"),
+        "seconds past a float": (_answer(b'{"results": [{"result": "pulled", "seconds": 1' + b"0" * 400 + b"}]}"), ""),
+        "attempts of every type": (_answer(json.dumps({"results": [result | {"attempts": [1]}]}).encode()), ""),
+        "a huge answer": (_answer(b" " * (5 * 1024 * 1024)), "more than"),
+        "an answer shorter than its length": (_answer(b"{}", length=100), "cannot be reached"),
+        "silence": (_silent, "did not answer in time"),
+        "a slow drip": (_drip, "did not answer in time"),
+    }
+    seen = {}
+    for what, (behaviour, words) in behaviours.items():
+        fake = _FakeAgent(cluster, behaviour)
+        try:
+            command, env = _client(  # a timeout under the connect timeout (10 s): legal settings
+                cluster, fake.port, [image], "token", tmp_path, timeoutSeconds=4, failurePolicy="Fail"
+            )
+            run = _run(command, env, timeout=60)
+        finally:
+            fake.close()
+        seen[what] = run
+        assert run.seconds < 10, (what, run.seconds, run.lines)
+        assert words in "\n".join(run.lines), (what, run.lines)
+        assert run.lines[-1].startswith("summary "), (what, run.lines)
+    assert seen["seconds past a float"].code == 0, seen["seconds past a float"].lines
+    assert seen["garbage"].code == 1, seen["garbage"].lines
+
+
+def test_the_client_without_its_token_or_ca_or_stopped_says_so_and_follows_the_policy(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    image = cluster.app
+    fake = _FakeAgent(cluster, _silent)
+    try:
+        command, env = _client(cluster, fake.port, [image], "token", tmp_path, failurePolicy="Fail")
+        (tmp_path / "token" / "token").unlink()
+        missing = _run(command, env)
+        assert missing.code == 1, missing.lines
+        assert "cannot read the token" in "\n".join(missing.lines), missing.lines
+        (tmp_path / "token" / "token").write_text("token")
+        for garbage in ("", "-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n", "\u00e9" * 10):
+            broken = _run(command, env | {"COPILOT_WEBHOOK_AGENT_CA": garbage})
+            assert broken.code == 1, (garbage, broken.lines)
+            assert f"image={image} result=failed" in "\n".join(broken.lines), (garbage, broken.lines)
+        client = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        time.sleep(2)  # connected, waiting for the answer
+        client.send_signal(signal.SIGTERM)
+        out, err = client.communicate(timeout=10)
+    finally:
+        fake.close()
+    assert "Traceback" not in err, err
+    assert client.returncode == 1, out
+    assert "SIGTERM: stopping" in out, out
+    assert f"image={image} result=cancelled" in out, out

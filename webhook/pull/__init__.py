@@ -195,8 +195,9 @@ def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
             parser.error("--agent asks the node agent: it takes no --runtime, --socket or --pod-network-registry")
         if not args.agent_ca_env or not args.token:
             parser.error("--agent needs --agent-ca-env and --token")
-        if not 0 < args.connect_timeout <= args.timeout:
-            parser.error(f"--connect-timeout must be more than 0 and at most --timeout, not {args.connect_timeout}")
+        # More than --timeout is no error (the settings allow it): the whole is bounded by --timeout.
+        if not 0 < args.connect_timeout <= MAX_TIMEOUT:
+            parser.error(f"--connect-timeout must be more than 0 and at most {MAX_TIMEOUT}, not {args.connect_timeout}")
     elif not args.runtime or not args.socket:
         parser.error("either --runtime and --socket, or --agent, is required")
     if args.pod_network_registry and args.runtime != "cri":
@@ -256,7 +257,10 @@ def _ask_agent(args: argparse.Namespace, images: list[str]) -> int:
         )
     except ValueError as exc:
         print(f"node agent: {exc}", flush=True)
-        return _summary([PullOutcome(i, "failed", 0, 0.0, str(exc)) for i in images], args.failure_policy)
+        failed = [PullOutcome(i, "failed", 0, 0.0, "the node agent did not pull it") for i in images]
+        for outcome in failed:
+            print(outcome.line(), flush=True)
+        return _summary(failed, args.failure_policy)
     stopping = threading.Event()
 
     def stop(signum: int, _frame: FrameType | None) -> None:

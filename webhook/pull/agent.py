@@ -491,13 +491,14 @@ class AgentServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
             self.slots.release()
 
     def head_done(self, connection: Any) -> None:
-        """The request has arrived whole: its time bound no longer runs (pulls have their own)."""
+        """The request has arrived whole: its time bound no longer runs (pulls have their own), and the
+        answer must be taken within the same bound."""
         with self.timers_lock:
             cut = self.timers.pop(id(connection), None)
         if cut is not None:
             cut.timer.cancel()
         with contextlib.suppress(OSError):
-            connection.settimeout(None)
+            connection.settimeout(self.head_seconds)
 
 
 class _Cut:

@@ -14,6 +14,7 @@ import json
 import os
 import socket
 import ssl
+import threading
 import time
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -22,6 +23,8 @@ from webhook.pull import keyring as keyrings
 from webhook.pull.errors import PullError
 
 ANSWER_LIMIT = 4 * 1024 * 1024  # one line per image: a few KB
+ERROR_LIMIT = 1000  # characters of an image's error: the agent sends at most ERROR_LIMIT of errors.py
+MAX_NUMBER = 86400  # attempts and seconds of one image, at most
 
 
 class Asker:
@@ -35,6 +38,7 @@ class Asker:
         self.ca_pem, self.token_file = ca_pem, token_file
         self.connect_timeout, self.secrets_directory = connect_timeout, secrets_directory
         self.connection: http.client.HTTPSConnection | None = None
+        self.stopped = False
 
     def _secrets(self) -> tuple[dict[str, str], list[str]]:
         """The pull secrets' documents as mounted, by file name; unreadable ones are reported and skipped."""
@@ -77,8 +81,21 @@ class Asker:
             self.host, self.port, context=context, timeout=min(self.connect_timeout, max(remaining, 0.001))
         )
         self.connection = connection
+        # The deadline holds whatever the agent does: a socket timeout bounds one read, and an answer that
+        # comes a byte at a time never lets it expire. At the deadline the connection is shut.
+        expired = threading.Event()
+
+        def expire() -> None:
+            expired.set()
+            self._shut()
+
+        timer = threading.Timer(max(remaining, 0), expire)
+        timer.daemon = True
+        timer.start()
         try:
             connection.connect()
+            if self.stopped or expired.is_set():  # cancelled while connecting, before there was a socket
+                raise TimeoutError
             assert connection.sock is not None
             connection.sock.settimeout(max(deadline - time.monotonic(), 0.001))
             connection.request(
@@ -89,14 +106,19 @@ class Asker:
             )
             response = connection.getresponse()
             raw = response.read(ANSWER_LIMIT + 1)
-        except TimeoutError:
-            raise PullError(f"{where} did not answer in time") from None
+            if len(raw) <= ANSWER_LIMIT and response.length:  # read() returns what came before an early close
+                raise http.client.IncompleteRead(raw, response.length)
         except ssl.SSLCertVerificationError as exc:
             raise PullError(f"{where} is not trusted: {exc.verify_message}") from None
         except (OSError, http.client.HTTPException) as exc:
+            if isinstance(exc, TimeoutError) or expired.is_set() or self.stopped:
+                raise PullError(f"{where} did not answer in time") from None
             raise PullError(f"{where} cannot be reached: {exc or type(exc).__name__}") from None
         finally:
+            timer.cancel()
             connection.close()
+        if expired.is_set() or self.stopped:  # the answer was cut short
+            raise PullError(f"{where} did not answer in time")
         return self._results(response.status, raw, images, where), problems
 
     def _results(
@@ -118,24 +140,28 @@ class Asker:
         for image, result in zip(images, results, strict=True):
             if not isinstance(result, dict) or result.get("result") not in ("present", "pulled", "failed", "cancelled"):
                 raise PullError(f"{where} answered a result that is none of present, pulled, failed, cancelled")
-            seconds = result.get("seconds")
-            attempts = result.get("attempts")
-            outcomes.append(
-                (
-                    image,
-                    str(result["result"]),
-                    attempts if isinstance(attempts, int) else 0,
-                    float(seconds) if isinstance(seconds, int | float) else 0.0,
-                    str(result.get("error") or ""),
-                )
-            )
+            error = " ".join(str(result.get("error") or "").split())[:ERROR_LIMIT]  # one line per image
+            attempts, seconds = _number(result.get("attempts")), _number(result.get("seconds"))
+            outcomes.append((image, str(result["result"]), int(attempts), seconds, error))
         return outcomes
 
     def cancel(self) -> None:
+        """Abandon the request (SIGTERM): at once if it is under way, else as soon as it connects."""
+        self.stopped = True
+        self._shut()
+
+    def _shut(self) -> None:
         connection = self.connection
         if connection is not None and connection.sock is not None:
             with contextlib.suppress(OSError):
                 connection.sock.shutdown(socket.SHUT_RDWR)
+
+
+def _number(value: object) -> float:
+    """A number the agent sent, when it is one a line can show (from 0 to a day), else 0."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= MAX_NUMBER:
+        return 0.0
+    return float(value)
 
 
 def ca_from_env(variable: str) -> str:
