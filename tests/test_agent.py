@@ -824,11 +824,17 @@ def test_sigterm_answers_the_requests_in_flight_and_exits_at_once(cluster: Clust
             )
             client = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
             assert wait_for(partial(_pulls_started, agent, cluster), timeout=30), agent.log.read_text()
+            context = ssl.create_default_context(cadata=cluster.ca_pem)
+            arriving = context.wrap_socket(
+                socket.create_connection(("127.0.0.1", agent.port)), server_hostname="127.0.0.1"
+            )
+            arriving.sendall(b"POST /v1/pull HTTP/1.1\r\n")  # a head still arriving: cut, not waited for
             started = time.monotonic()
             agent.process.send_signal(signal.SIGTERM)
             code = agent.process.wait(timeout=30)
             took = time.monotonic() - started
             out, err = client.communicate(timeout=30)
+            arriving.close()
         finally:
             stop_process(agent.process)
     log = agent.log.read_text()
@@ -959,3 +965,15 @@ def test_the_client_without_its_token_or_ca_or_stopped_says_so_and_follows_the_p
     assert client.returncode == 1, out
     assert "SIGTERM: stopping" in out, out
     assert f"image={image} result=cancelled" in out, out
+
+
+def test_broken_pull_secrets_cost_the_log_a_few_lines(cluster: Cluster, agent: Agent) -> None:
+    pod = _pod(cluster, "broken-secrets", [cluster.app])
+    auths = {f"host{i}:99999": {"auth": "x"} for i in range(20000)}  # a port past 65535: each one skipped
+    body = {"images": [cluster.app], "pullSecrets": {"s": json.dumps({"auths": auths}), "t": "not json"}}
+    before = len(agent.log.read_text().splitlines())
+    answer = _ask(cluster, agent, body, _bound_token(cluster, pod))
+    assert answer.status_code == 200, answer.text
+    lines = [line for line in agent.log.read_text().splitlines()[before:] if "/broken-secrets" in line]
+    assert len(lines) < 20, f"{len(lines)} lines logged for one request"
+    assert any("19996 more problems" in line for line in lines), lines

@@ -57,6 +57,8 @@ log = logging.getLogger("copilot-webhook-agent")
 BODY_LIMIT = 4 * 1024 * 1024  # images and pull secrets; a pod's whole spec is smaller
 IMAGES_LIMIT = 256
 TOKEN_LIMIT = 16 * 1024
+PROBLEMS_LOGGED = 5  # of a request's pull secrets
+DRAIN_SECONDS = 10.0  # at SIGTERM, for the requests in flight to be answered (the kubelet grants 30)
 HEAD_SECONDS = 15.0  # default: the TLS handshake, the head and the body, from the connection's arrival
 POD_NAME, POD_UID = "authentication.kubernetes.io/pod-name", "authentication.kubernetes.io/pod-uid"
 SERVICE_ACCOUNT_PREFIX = "system:serviceaccount:"
@@ -418,8 +420,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
         request = parse_request(body, self.server.max_timeout)
         caller = self.server.gate.admit(token.strip(), request.images)
         keyring, problems = Keyring.from_documents(request.secrets)
-        for problem in problems:
+        for problem in problems[:PROBLEMS_LOGGED]:  # a body holds hundreds of thousands: the log gets a few
             log.info("%s: %s", caller, problem)
+        if len(problems) > PROBLEMS_LOGGED:
+            log.info("%s: %d more problems with its pull secrets", caller, len(problems) - PROBLEMS_LOGGED)
         deadline = time.monotonic() + request.timeout
         return caller, self.server.flights.pull(request.images, keyring, deadline)
 
@@ -448,6 +452,7 @@ class AgentServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
         self.tls, self.gate, self.flights = tls, gate, flights
         self.node, self.runtime, self.max_timeout = node, runtime, max_timeout
         self.slots = threading.BoundedSemaphore(max_connections)
+        self.max_connections = max_connections
         self.timers: dict[int, _Cut] = {}
         self.timers_lock = threading.Lock()
 
@@ -490,6 +495,20 @@ class AgentServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
             self.shutdown_request(cut.sock)
             self.slots.release()
 
+    def drain(self, seconds: float) -> None:
+        """Stopping: cut the requests still arriving, and give those being answered (their pulls
+        cancelled) up to `seconds` to be, as every slot comes back."""
+        with self.timers_lock:
+            cuts = list(self.timers.values())
+        for cut in cuts:
+            cut.timer.cancel()
+            cut.fire()
+        deadline = time.monotonic() + seconds
+        for _ in range(self.max_connections):
+            if not self.slots.acquire(timeout=max(deadline - time.monotonic(), 0)):
+                log.warning("stopped with requests still unanswered after %.0f s", seconds)
+                return
+
     def head_done(self, connection: Any) -> None:
         """The request has arrived whole: its time bound no longer runs (pulls have their own), and the
         answer must be taken within the same bound."""
@@ -506,10 +525,10 @@ class _Cut:
 
     def __init__(self, sock: Any, seconds: float) -> None:
         self.sock = sock
-        self.timer = threading.Timer(seconds, self._fire)
+        self.timer = threading.Timer(seconds, self.fire)
         self.timer.daemon = True
 
-    def _fire(self) -> None:
+    def fire(self) -> None:
         with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)
 
@@ -679,6 +698,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGINT, stop)
     log.info("serving on port %d for node %s, runtime %s", args.port, server.node, server.runtime)
     server.serve_forever(poll_interval=0.5)
+    server.drain(DRAIN_SECONDS)
     server.server_close()
     return 0
 
