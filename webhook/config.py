@@ -239,7 +239,7 @@ _HOST_PORT = r"^[a-z0-9]([a-z0-9.-]*[a-z0-9])?:[0-9]{1,5}$"
 
 
 class AgentSettings(_Section):
-    """The node agent (mode agent, spec 1.3a): a DaemonSet holding the runtime socket, asked by a restricted
+    """The node agent (mode agent): a DaemonSet holding the runtime socket, asked by a restricted
     client in the pod through a Service with internalTrafficPolicy Local."""
 
     address: str = Field(default="copilot-webhook-agent.copilot-webhook.svc:443", pattern=_HOST_PORT)
@@ -354,6 +354,8 @@ class ClusterSettings(_Section):
     """auto: the service account or a kubeconfig when present; true: required; false: never."""
     kubeconfig: str | None = None
     """A kubeconfig file (default: $KUBECONFIG, then ~/.kube/config)."""
+    context: str | None = None
+    """The kubeconfig's context to use (default: its current-context)."""
 
     @field_validator("enabled", mode="before")
     @classmethod
@@ -378,7 +380,7 @@ class PodSecurityExemptions(_Section):
 
 
 class PodSecuritySettings(_Section):
-    """The cluster's PodSecurity admission configuration, as the API server is given it (spec 1.5)."""
+    """The cluster's PodSecurity admission configuration, as the API server is given it."""
 
     defaults: PodSecurityDefaults = PodSecurityDefaults()
     exemptions: PodSecurityExemptions = PodSecurityExemptions()
@@ -502,18 +504,24 @@ def read_config_file(path: str | Path) -> ConfigDocument:
         raw = Path(path).read_bytes()
     except OSError as exc:
         raise ConfigError(f"config file {str(path)!r} cannot be read: {exc.strerror}") from None
+    return parse_config(raw, f"config file {str(path)!r}")
+
+
+def parse_config(raw: bytes, where: str) -> ConfigDocument:
+    """A configuration document's bytes as a mapping, or a ConfigError naming `where`."""
     try:
         docs = load_yaml_documents(decode_text(raw))
     except DocumentError as exc:
         problem = exc if str(exc).startswith("not ") else f"refused: {exc}"
-        raise ConfigError(f"config file {str(path)!r} is {problem}") from None
+        raise ConfigError(f"{where} is {problem}") from None
     if len(docs) > 1:
-        raise ConfigError(f"config file {str(path)!r} holds {len(docs)} YAML documents; expected one mapping")
+        raise ConfigError(f"{where} holds {len(docs)} YAML documents; expected one mapping")
     data = docs[0] if docs else None
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ConfigError(f"config file {str(path)!r} must hold a mapping of keys, not a {type(data).__name__}")
+        shape = "list" if isinstance(data, list) else "single value"
+        raise ConfigError(f"{where} must hold a mapping of keys, not a {shape}")
     return data
 
 

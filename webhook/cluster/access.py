@@ -30,10 +30,14 @@ def api_client(settings: ClusterSettings) -> client.ApiClient | None:
     kubeconfig = settings.kubeconfig or os.environ.get("KUBECONFIG") or str(Path.home() / ".kube" / "config")
     in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and SERVICE_ACCOUNT_TOKEN.exists()
     try:
-        if settings.kubeconfig is None and in_cluster:
+        if settings.kubeconfig is None and settings.context is None and in_cluster:
             config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
         elif Path(kubeconfig.split(os.pathsep)[0]).exists():
-            config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)  # type: ignore[no-untyped-call]
+            config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=kubeconfig, context=settings.context, client_configuration=configuration
+            )
+        elif settings.kubeconfig is not None:
+            raise ClusterAccessError(f"the kubeconfig {settings.kubeconfig} does not exist")
         elif settings.enabled == "true":
             raise ClusterAccessError("cluster.enabled is true, but there is no service account and no kubeconfig")
         else:
@@ -73,7 +77,7 @@ class ClusterView:
             self.labeller.stopping.set()
 
     def __call__(self, namespace: str) -> ClusterFacts:
-        # An unsynced node cache is a decision (spec 1.7: no puller, a warning), never a wait.
+        # An unsynced node cache is a decision (no puller, a warning), never a wait.
         state: NodeState = "synced" if self.nodes.synced else "unsynced"
         return ClusterFacts(self.namespaces.labels(namespace), self.nodes.snapshot, state)
 

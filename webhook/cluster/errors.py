@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import re
+import ssl
+from typing import Any
+
 
 class ClusterAccessError(RuntimeError):
     """No way to reach the cluster where one is required (no service account, no kubeconfig, bad credentials)."""
@@ -13,3 +18,49 @@ class EnsureError(RuntimeError):
 
 class Gone(Exception):
     """The resourceVersion we hold has been compacted away: relist."""
+
+
+_ERRNO = re.compile(r"\[Errno -?\d+\] ([^'\")\]]+)")
+
+
+def plainly(exc: BaseException) -> str:
+    """An error of the cluster layer in plain words, without its class name: what the API server answered,
+    or why it could not be reached."""
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import MaxRetryError
+
+    if isinstance(exc, ApiException):
+        message = _status_message(exc.body) or exc.reason or ""
+        return f"the API server answered {exc.status}" + (f": {message}" if message else "")
+    if isinstance(exc, MaxRetryError):
+        pool = exc.pool
+        where = f"{pool.host}:{pool.port}" if pool is not None else "the API server"
+        return f"cannot reach {where}: {_cause(exc.reason)}"
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return f"TLS verification failed: {exc.verify_message}"
+    if isinstance(exc, (ssl.SSLError, OSError)):
+        return _cause(exc)
+    return str(exc) or "unexpected error"
+
+
+def _cause(exc: BaseException | None) -> str:
+    text = str(exc or "")
+    if "CERTIFICATE_VERIFY_FAILED" in text or "certificate verify failed" in text:
+        return "TLS verification failed (" + text.rsplit("certificate verify failed", 1)[-1].strip(" :)'\"") + ")"
+    found = _ERRNO.search(text)
+    if found:
+        return found.group(1).strip().lower()
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror.lower()
+    if "timed out" in text.lower():
+        return "timed out"
+    return text or "unexpected error"
+
+
+def _status_message(body: Any) -> str | None:
+    try:
+        status = json.loads(body) if body else None
+    except (TypeError, ValueError):
+        return None
+    message = status.get("message") if isinstance(status, dict) else None
+    return message if isinstance(message, str) else None

@@ -1,4 +1,4 @@
-"""Keep `imagePuller.runtimeLabel` true on every node (spec 1.4, heterogeneous: pin).
+"""Keep `imagePuller.runtimeLabel` true on every node (heterogeneous: pin).
 
 `copilot-webhook label-nodes` does it once; with `imagePuller.labeller: true` the server does it after
 every change of the node cache. A node of unknown runtime has the label removed: a pod pinned to a

@@ -1,4 +1,4 @@
-"""Finding Flyte copilot containers (spec 1.1) and the SYS_PTRACE policy for their pods (spec 1.2).
+"""Finding Flyte copilot containers and the SYS_PTRACE policy for their pods.
 
 Flyte adds the copilot in flyteplugins' `flytek8s/copilot.go`: an init container `<prefix>downloader`
 when the task has inputs, and when it has outputs `<prefix>sidecar` (<= 1.13) or `<prefix>uploader`

@@ -29,7 +29,7 @@ class RequestFacts(NamedTuple):
 
 
 class NodeFacts(NamedTuple):
-    """The little the runtime rules read of a Node (spec 1.4); the cache keeps nothing else."""
+    """The little the runtime rules read of a Node; the cache keeps nothing else."""
 
     flavour: str | None  # docker, containerd, cri-o; None when the runtime is unknown
     cri_socket: str | None  # kubeadm's cri-socket annotation, unix:// stripped

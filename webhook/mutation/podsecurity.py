@@ -1,4 +1,4 @@
-"""The Pod Security level in force for a pod (spec 1.5), decided as the API server's PodSecurity admission
+"""The Pod Security level in force for a pod, decided as the API server's PodSecurity admission
 decides it (k8s.io/pod-security-admission, admission.go and api/helpers.go):
 
 1. an exempt namespace, or a pod whose runtimeClassName is exempt, has no level enforced;

@@ -1,4 +1,4 @@
-"""The image-puller init container (spec 1.3, 1.3a): which images, the container, its volumes, and the
+"""The image-puller init container: which images, the container, its volumes, and the
 node-affinity pin for heterogeneous clusters. Pure, but for the agent's CA bundle, read from its file.
 
 The puller runs first among the init containers so the kubelet finds the images present. Two modes:
@@ -234,7 +234,7 @@ def _clash(container: bool, names: set[str], recorded: bool) -> str | None:
 
 def already_injected(view: PodView, recorded: bool) -> bool:
     """True when our puller is in place, in either mode. A container or volume with our names that we did
-    not record putting there is someone else's: a clash, never silently reused, and Undecidable (spec 1.3)."""
+    not record putting there is someone else's: a clash, never silently reused, and Undecidable."""
     container = any(c.name == PULLER_NAME for c in view.containers)
     names = _volume_names(view)
     taken = _clash(container, names, recorded)
@@ -333,7 +333,7 @@ def _skip(reason: PullerSkip, warning: str | None = None, runtime: Runtime | Non
 def plan_puller(
     view: PodView, is_copilot: bool, facts: Facts, *, settings: ImagePullerSettings, recorded: bool, level: Level
 ) -> PullerResult:
-    """Raises Undecidable on a name clash (spec 1.3: handled per failurePolicy)."""
+    """Raises Undecidable on a name clash (handled per failurePolicy)."""
     if not settings.enabled:
         return _skip("disabled")
     if switch(view.annotation(PULLER_ANNOTATION)) is False:

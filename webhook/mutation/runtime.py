@@ -1,4 +1,4 @@
-"""Which container runtime, and which socket, the pod's node will have (spec 1.4). Pure.
+"""Which container runtime, and which socket, the pod's node will have. Pure.
 
 The runtime of a node is the scheme of `status.nodeInfo.containerRuntimeVersion` (`containerd://1.7.7-k3s1.27`
 is containerd); anything else, an empty value or `Unknown`, is not guessed. The socket comes from kubeadm's

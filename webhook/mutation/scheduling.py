@@ -1,4 +1,4 @@
-"""Where a pod may run (spec 1.4): its nodeName, nodeSelector and required node affinity, read strictly,
+"""Where a pod may run: its nodeName, nodeSelector and required node affinity, read strictly,
 matched against the node cache's label index and labels. The runtime rules (runtime.py) count the
 runtimes of the nodes this returns."""
 
