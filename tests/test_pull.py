@@ -50,7 +50,9 @@ def test_references_normalise_as_the_runtimes_do(written: str, normalised: str) 
     assert normalise(written) == normalised
 
 
-@pytest.mark.parametrize("text", ["--help", "-x", "UPPER/app", "app:", "a b", "", "app@sha256:xyz", "x" * 600])
+@pytest.mark.parametrize(
+    "text", ["--help", "-x", "UPPER/app", "app:", "a b", "", "app@sha256:xyz", "x" * 600, "busybox\n", "app:v1\n"]
+)
 def test_invalid_references_never_reach_a_client(text: str) -> None:
     with pytest.raises(InvalidReference):
         parse(text)

@@ -80,7 +80,7 @@ def parse(text: str) -> Reference:
 
 @functools.lru_cache(maxsize=4096)  # every pod of a task names the same images; at most 2 MB of keys
 def _parse(text: str) -> Reference:
-    match = _REFERENCE.match(text)
+    match = _REFERENCE.fullmatch(text)
     if match is None:
         raise InvalidReference(f"invalid image reference {text[:80]!r}")
     domain, path = _repository(match["domain"], match["path"], text)
