@@ -1,6 +1,6 @@
-"""The Go programs the tests run (kube-apiserver, etcd, kubelet, Flyte's pod generators), built from the
-small Go modules under tests/ into a cache outside the work tree, keyed by everything that decides the
-binary: the module's go.mod, go.sum and Go files, the package, the link flags and the Go version. A warm
+"""The Go programs the tests run (kube-apiserver, etcd, the kubelet, kube-proxy, Flyte's pod generators), built
+from the small Go modules under tests/ into a cache outside the work tree, keyed by everything that decides
+the binary: the module's go.mod, go.sum and Go files, the package, the link flags and the Go version. A warm
 run finds the binary and builds nothing; a changed pin builds a new one beside the old.
 
     python -m tests.gotools build [NAME ...]   # build (or reuse) and print each binary's path
@@ -73,6 +73,10 @@ TOOLS: dict[str, Tool] = {
         ),
         # The node's agent (tests/node.py): v1.35 is the last minor that runs on containerd 1.x.
         Tool("kubelet", "tests/kube/apiserver", "k8s.io/kubernetes/cmd/kubelet", _kube_ldflags(KUBERNETES_VERSION)),
+        # The node's Service routing (tests/node.py).
+        Tool(
+            "kube-proxy", "tests/kube/apiserver", "k8s.io/kubernetes/cmd/kube-proxy", _kube_ldflags(KUBERNETES_VERSION)
+        ),
         Tool("etcd", "tests/kube/etcd", "go.etcd.io/etcd/server/v3"),
         # Flyte's pod generators, one module per release line whose Flyte modules resolve (scripts/flyte_source.py).
         Tool("flyte-pods-1.16", "tests/flyte/v1.16", "."),
