@@ -27,6 +27,7 @@ import pytest
 import yaml
 
 from tests.controlplane import NS_ADDRESS, ControlPlane
+from tests.node import publish_namespace_endpoint
 from tests.server_process import stop_process
 from tests.support import child_env
 
@@ -303,6 +304,7 @@ class ChartPods:
         replica = Replica(process, log)
         try:
             self._wait_listening(replica)
+            publish_namespace_endpoint(self.kube, self.release.namespace, self.release.fullname)
         except BaseException:
             replica.stop()
             raise

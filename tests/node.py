@@ -1,14 +1,37 @@
-"""A node that runs the pods: Debian's containerd with its CRI plugin and the kubelet built from the same
-Kubernetes module as the API server (tests/gotools.py), both inside the control plane's network namespace
-(tests/controlplane.py), registered with a client certificate of the node's own (the Node authorizer is
-on). Nothing is pulled from the internet: the sandbox (pause) image is built from Kubernetes' own
+"""A node that runs the pods: Debian's containerd with its CRI plugin, the kubelet and kube-proxy built from
+the same Kubernetes module as the API server (tests/gotools.py), all inside the control plane's network
+namespace (tests/controlplane.py); the kubelet and kube-proxy hold client certificates of their own (the
+Node authorizer is on). Nothing is pulled from the internet: the sandbox (pause) image is built from Kubernetes' own
 build/pause/linux/pause.c read from the Go module cache, compiled with `gcc -Os -static`, packed by umoci
 and imported into containerd; the images under test are built by dockerd and imported the same way.
 
 Pods run with `hostNetwork: true` (the namespace's network: the API server, the webhook's ClusterIP, a
-registry on 127.0.0.1), or on a bridge of Debian's CNI plugins. Where a pod reaches a Service the node
-does what kube-proxy and the cluster DNS would: the `kubernetes` Service's address is translated to the
-API server's (iptables DNAT), and a small DNS server answers the Services' names (`dns_records`).
+registry on 127.0.0.1), or on a bridge of Debian's CNI plugins. The node's kube-controller-manager runs
+the controllers pods and Services need: root-ca-cert-publisher (kube-root-ca.crt, read by every service
+account volume), daemonset, endpointslice, and nodelifecycle (it lifts the not-ready taint the API server
+puts on a new Node once its kubelet reports Ready; no DaemonSet selects a node that keeps it). No
+kube-scheduler runs: a DaemonSet's pods are bound to the node their required node affinity names
+(`DaemonSetBinder`), the one part of scheduling they need.
+
+Services are routed by the real kube-proxy (iptables mode, its cluster CIDR the pods' range): its rules
+decide for every Service, the `kubernetes` one too (the API server publishes its EndpointSlice), and honour
+internalTrafficPolicy: Local (an endpoint on another node is never used from here; none here, dropped).
+Bridged traffic reaches those rules through br_netfilter; where the kernel has no br_netfilter, kube-proxy
+masquerades every Service connection instead, so a reply between two pods of the bridge still passes back
+through the namespace to be translated. The namespace's loopback answers for the whole Service range
+(tests/controlplane.py), so a connection kube-proxy does not translate is delivered locally instead of
+forwarded: kube-proxy's filter chain of Services (its rejects and drops) is jumped to from INPUT as well.
+
+A Service whose server is a process in the namespace rather than a pod (the chart's webhook, tests/
+kube_support.py) has no endpoint the EndpointSlice controller could publish, and kube-proxy rejects
+connections to a Service without endpoints. Such a server listens on every address of the namespace, as a
+hostNetwork pod would, so `publish_namespace_endpoint` writes the EndpointSlice that pod would have: the
+node's address and the Service's ports, under a manager name of its own that the EndpointSlice controller
+leaves alone. Without a node (no kube-proxy), the namespace's loopback route over the Service range answers
+for the ClusterIP itself, and the EndpointSlice is read by nobody.
+
+The cluster DNS is a small server of our own at 10.96.0.10, no Service (`ServiceDNS`): it answers the names
+in its `records`, and `<service>.<namespace>.svc.cluster.local` of any Service with a ClusterIP from the API.
 """
 
 from __future__ import annotations
@@ -27,11 +50,11 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from tests.controlplane import API_PORT, NS_ADDRESS, ControlPlane, Process, client_certificate
+from tests.controlplane import NS_ADDRESS, ControlPlane, Process, client_certificate
 from tests.daemons import ARCH
 from tests.gotools import KUBERNETES_VERSION
 from tests.server_process import stop_process
@@ -42,8 +65,16 @@ POD_CIDR = "10.224.0.0/24"  # the CNI bridge's pods
 BRIDGE_GATEWAY = "10.224.0.1"
 DNS_ADDRESS = "10.96.0.10"  # inside the Service range, so the namespace's loopback answers for it
 KUBERNETES_SERVICE = "10.96.0.1"  # the first address of the range: the `kubernetes` Service
+# The manager named on the EndpointSlices of servers run as processes in the namespace; the EndpointSlice
+# controller manages only slices that name it.
+NAMESPACE_ENDPOINTS = "copilot-webhook-tests"
 CNI_BIN = Path("/usr/lib/cni")  # Debian's containernetworking-plugins
-NODE_TOOLS = ("containerd", "ctr", "runc", "gcc", "umoci", "go", "iptables", "nsenter", "ip")
+NODE_TOOLS = (
+    "containerd", "ctr", "runc", "gcc", "umoci", "go", "iptables", "iptables-save", "iptables-restore", "nsenter", "ip",
+)  # fmt: skip
+
+if TYPE_CHECKING:
+    from tests.kube_support import Kube
 
 Obj = dict[str, Any]
 
@@ -238,12 +269,16 @@ def kubelet_config(work: Path, containerd_socket: Path, ca: Path) -> Obj:
 
 
 class ServiceDNS:
-    """Answers A queries for the names in `records` (name -> IPv4), NXDOMAIN for anything else: the part
-    of a cluster DNS the tests' pods use. Its socket is bound inside the node's network namespace."""
+    """Answers A queries for the names in `records` (name -> IPv4), then for those `lookup` finds (a
+    Service's name), NXDOMAIN for anything else: the part of a cluster DNS the tests' pods use. Its socket
+    is bound inside the node's network namespace."""
 
-    def __init__(self, netns: str, address: str = DNS_ADDRESS) -> None:
+    def __init__(
+        self, netns: str, address: str = DNS_ADDRESS, lookup: Callable[[str], str | None] | None = None
+    ) -> None:
         self.records: dict[str, str] = {}
         self.queries: list[str] = []
+        self._lookup = lookup
         self._sock = _socket_in(netns, socket.AF_INET, socket.SOCK_DGRAM)
         self._sock.bind((address, 53))
         self._sock.settimeout(0.2)
@@ -272,6 +307,8 @@ class ServiceDNS:
         name = ".".join(labels)
         self.queries.append(name)
         address = self.records.get(name)
+        if address is None and self._lookup is not None:
+            address = self._lookup(name)
         if address is None:
             return struct.pack("!HHHHHH", ident, 0x8183, 1, 0, 0, 0) + question  # NXDOMAIN
         if qtype != 1:  # the name exists, without records of that type (AAAA)
@@ -283,6 +320,34 @@ class ServiceDNS:
         self._stop.set()
         self._thread.join(timeout=5)
         self._sock.close()
+
+
+_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
+
+def service_address(plane: ControlPlane, name: str) -> str | None:
+    """The ClusterIP of the Service `<service>.<namespace>.svc.cluster.local` names, as the API server has
+    it; None for any other name, a Service that does not exist, or a headless one."""
+    parts = name.split(".")
+    if len(parts) != 5 or parts[2:] != ["svc", "cluster", "local"] or not all(_LABEL.fullmatch(p) for p in parts[:2]):
+        return None
+    try:
+        with plane.urlopen(f"/api/v1/namespaces/{parts[1]}/services/{parts[0]}") as answer:
+            cluster_ip = json.loads(answer.read())["spec"].get("clusterIP")
+    except OSError:  # 404 included (HTTPError)
+        return None
+    return cluster_ip if isinstance(cluster_ip, str) and cluster_ip not in ("", "None") else None
+
+
+def connects_in(netns: str, host: str, port: int, timeout: float = 2) -> bool:
+    """A TCP connection from inside `netns` (the host network of the node's pods) is accepted."""
+    with _socket_in(netns, socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.settimeout(timeout)
+        try:
+            probe.connect((host, port))
+        except OSError:
+            return False
+        return True
 
 
 def _socket_in(netns: str, family: int, kind: int) -> socket.socket:
@@ -320,6 +385,9 @@ class Node:
     sandbox_image: str
     dns: ServiceDNS
     processes: list[Process] = field(default_factory=list)
+    # kube-proxy masquerades every Service connection (no br_netfilter): a pod's own address is not what the
+    # endpoint sees.
+    masquerades_pods: bool = False
 
     @property
     def pod_logs(self) -> Path:
@@ -366,6 +434,11 @@ class Node:
             p.read_text(errors="replace") for p in sorted(self.pod_logs.glob(f"{namespace}_{pod}_*/{container}/*.log"))
         ]
         return "".join(texts)
+
+    def iptables_rules(self) -> str:
+        """The rules of the node's network namespace (kube-proxy's among them), as iptables-save prints them."""
+        command = self.plane.netns.command(["iptables-save"])
+        return subprocess.run(command, capture_output=True, text=True, timeout=30, check=True).stdout
 
     def containerd_log(self) -> str:
         (process,) = (p for p in self.processes if p.name == "containerd")
@@ -527,12 +600,153 @@ def _iptables(plane: ControlPlane, *args: str) -> None:
     subprocess.run(plane.netns.command(["iptables", "-w", *args]), check=True, capture_output=True, timeout=30)
 
 
-def _kube_proxy_rules(plane: ControlPlane) -> None:
-    """What kube-proxy does for the one Service whose endpoint is outside any pod: the `kubernetes`
-    Service (the address every pod is given in KUBERNETES_SERVICE_HOST) reaches the API server."""
-    target = ["-d", KUBERNETES_SERVICE, "-p", "tcp", "--dport", "443", "-j", "DNAT", "--to-destination"]
-    for chain in ("OUTPUT", "PREROUTING"):  # the host network's processes, and the bridge's pods
-        _iptables(plane, "-t", "nat", "-A", chain, *target, f"{NS_ADDRESS}:{API_PORT}")
+# --- kube-proxy -------------------------------------------------------------------------------------------
+
+
+def kube_proxy_config(kubeconfig: Path, name: str, masquerade_all: bool) -> Obj:
+    return {
+        "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
+        "kind": "KubeProxyConfiguration",
+        "clientConnection": {"kubeconfig": str(kubeconfig)},
+        "hostnameOverride": name,  # the endpoints of internalTrafficPolicy: Local are those of this nodeName
+        "mode": "iptables",
+        "clusterCIDR": POD_CIDR,
+        "detectLocalMode": "ClusterCIDR",
+        "healthzBindAddress": "127.0.0.1:10256",
+        "metricsBindAddress": "127.0.0.1:10249",
+        "oomScoreAdj": 0,  # lowering it needs CAP_SYS_RESOURCE
+        # The machine's conntrack table size and timeouts stay as they are (0: untouched); the machine is shared.
+        "conntrack": {"maxPerCore": 0, "tcpEstablishedTimeout": "0s", "tcpCloseWaitTimeout": "0s"},
+        "iptables": {"masqueradeAll": masquerade_all, "localhostNodePorts": False},
+    }
+
+
+def _bridge_netfilter(plane: ControlPlane) -> bool:
+    """Bridged frames pass the namespace's iptables (br_netfilter, per network namespace): a pod's reply to
+    another pod of the bridge, which reached it through a ClusterIP, is translated back. False where the
+    kernel has no br_netfilter."""
+    setting = "/proc/sys/net/bridge/bridge-nf-call-iptables"
+    done = subprocess.run(
+        plane.netns.command(["sh", "-c", f"test -e {setting} && echo 1 > {setting}"]),
+        capture_output=True,
+        timeout=30,
+        check=False,
+    )
+    return done.returncode == 0
+
+
+def _routes_kubernetes(plane: ControlPlane) -> bool:
+    """kube-proxy has written the `kubernetes` Service's rule: its first sync is done."""
+    done = subprocess.run(
+        plane.netns.command(["iptables", "-w", "-t", "nat", "-S", "KUBE-SERVICES"]),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    return f"-d {KUBERNETES_SERVICE}/32" in done.stdout
+
+
+def _start_kube_proxy(processes: list[Process], plane: ControlPlane, work: Path, binary: Path, name: str) -> bool:
+    """kube-proxy, once it routes the `kubernetes` Service; whether it masquerades every Service connection."""
+    proxy_work = work / "kube-proxy"
+    proxy_work.mkdir()
+    certificate = client_certificate(plane.ca, "system:kube-proxy")  # bound to system:node-proxier by default
+    kubeconfig = plane.kubeconfig(proxy_work / "kubeconfig", client=certificate)
+    masquerade_all = not _bridge_netfilter(plane)
+    config = kube_proxy_config(kubeconfig, name, masquerade_all)
+    (proxy_work / "config.yaml").write_text(yaml.safe_dump(config))
+    process = _spawn(
+        processes, plane, work, "kube-proxy", [str(binary), f"--config={proxy_work / 'config.yaml'}", "--v=2"]
+    )
+    _wait(lambda: _routes_kubernetes(plane), "kube-proxy", process, 60)
+    # The namespace's loopback answers for the whole Service range, so a pod's connection to a ClusterIP that
+    # kube-proxy does not translate is delivered here (INPUT) rather than forwarded (FORWARD, where kube-proxy
+    # rejects or drops it): kube-proxy's verdicts apply to INPUT as well.
+    _iptables(plane, "-A", "INPUT", "-m", "conntrack", "--ctstate", "NEW", "-j", "KUBE-SERVICES")
+    return masquerade_all
+
+
+def publish_namespace_endpoint(kube: Kube, namespace: str, service: str, timeout: float = 30) -> None:
+    """The EndpointSlice of a Service whose server is a process of the namespace listening on the Service's
+    own ports on every address: the node's address, as a hostNetwork pod's endpoint. Returns once a
+    connection to the ClusterIP reaches the server (kube-proxy, where it runs, has taken the endpoint)."""
+    from tests.kube_support import KubeError, wait_for
+
+    spec = kube.get(f"/api/v1/namespaces/{namespace}/services/{service}")["spec"]
+    ports = [
+        {"name": p.get("name", ""), "port": p["port"], "protocol": p.get("protocol", "TCP")} for p in spec["ports"]
+    ]
+    content: Obj = {"endpoints": [{"addresses": [NS_ADDRESS], "conditions": {"ready": True}}], "ports": ports}
+    labels = {"kubernetes.io/service-name": service, "endpointslice.kubernetes.io/managed-by": NAMESPACE_ENDPOINTS}
+    path = f"/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices"
+    name = f"{service}-namespace"
+    try:
+        kube.create(path, {"metadata": {"name": name, "labels": labels}, "addressType": "IPv4", **content})
+    except KubeError as err:
+        if err.status != 409:
+            raise
+        kube.patch(f"{path}/{name}", content)
+    address, port = spec["clusterIP"], int(spec["ports"][0]["port"])
+    if not wait_for(lambda: connects_in(kube.plane.netns.name, address, port), timeout=timeout, interval=0.3):
+        raise RuntimeError(f"{namespace}/{service}: {address}:{port} refused {timeout:.0f} s after its EndpointSlice")
+
+
+class DaemonSetBinder:
+    """What kube-scheduler does for a DaemonSet's pod: a Binding to the node its required node affinity
+    names (the DaemonSet controller writes `metadata.name In [<node>]`), when that node is this one."""
+
+    def __init__(self, plane: ControlPlane, node_name: str, interval: float = 0.3) -> None:
+        from tests.kube_support import Kube
+
+        self.node_name = node_name
+        self.bound: list[str] = []  # namespace/name
+        self._kube = Kube(plane)
+        self._interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        import httpx
+
+        from tests.kube_support import KubeError
+
+        while not self._stop.wait(self._interval):
+            try:
+                pending = self._kube.get("/api/v1/pods", fieldSelector="spec.nodeName=")["items"]
+            except (KubeError, httpx.HTTPError):
+                continue
+            for pod in pending:
+                meta = pod["metadata"]
+                owners = [o for o in meta.get("ownerReferences") or [] if o.get("controller")]
+                if [o["kind"] for o in owners] != ["DaemonSet"] or self.node_name not in _affinity_nodes(pod):
+                    continue
+                binding = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": meta["name"]},
+                           "target": {"apiVersion": "v1", "kind": "Node", "name": self.node_name}}  # fmt: skip
+                with contextlib.suppress(KubeError, httpx.HTTPError):
+                    self._kube.create(f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/binding", binding)
+                    self.bound.append(f"{meta['namespace']}/{meta['name']}")
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+        self._kube.close()
+
+
+def _affinity_nodes(pod: Obj) -> set[str]:
+    """The node names a pod's required node affinity allows by `metadata.name In`."""
+    required = (
+        (pod["spec"].get("affinity") or {})
+        .get("nodeAffinity", {})
+        .get("requiredDuringSchedulingIgnoredDuringExecution")
+    )
+    names: set[str] = set()
+    for term in (required or {}).get("nodeSelectorTerms") or []:
+        for field_ in term.get("matchFields") or []:
+            if field_.get("key") == "metadata.name" and field_.get("operator") == "In":
+                names.update(field_.get("values") or [])
+    return names
 
 
 def _node_ready(plane: ControlPlane, name: str) -> bool:
@@ -578,14 +792,15 @@ def _make_cgroup_root(name: str) -> None:
 
 @contextlib.contextmanager
 def node(
-    plane: ControlPlane, work: Path, kubelet: Path, controller_manager: Path, name: str = NODE_NAME
+    plane: ControlPlane, work: Path, kubelet: Path, controller_manager: Path, proxy: Path, name: str = NODE_NAME
 ) -> Iterator[Node]:
-    """containerd and the kubelet, started in the control plane's network namespace, and the controller
-    that publishes kube-root-ca.crt in every namespace (each pod's service account volume reads it)."""
+    """containerd, the kubelet and kube-proxy, started in the control plane's network namespace, the
+    controllers of the node's pods and Services, and the binder of its DaemonSets' pods."""
     work.mkdir(parents=True, exist_ok=True)
     processes: list[Process] = []
     cgroup = f"cwk{os.getpid()}"
     dns: ServiceDNS | None = None
+    binder: DaemonSetBinder | None = None
     try:
         sandbox_image, pause_archive = build_pause_image(work / "pause")
         ctd = work / "containerd"
@@ -596,10 +811,9 @@ def node(
         socket_path = ctd / "containerd.sock"
         containerd = _spawn(processes, plane, work, "containerd", ["containerd", "--config", str(ctd / "config.toml")])
         _wait(lambda: socket_path.exists() and "serving..." in containerd.log.read_text(), "containerd", containerd, 60)
-        dns = ServiceDNS(plane.netns.name)
+        dns = ServiceDNS(plane.netns.name, lookup=lambda n: service_address(plane, n))
         the_node = Node(plane, work, name, socket_path, sandbox_image, dns, processes)
         the_node.import_image(pause_archive, base_name="registry.k8s.io/pause")
-        _kube_proxy_rules(plane)
         _start_controllers(processes, plane, work, controller_manager)
         kubelet_work = work / "kubelet"
         kubelet_work.mkdir()
@@ -627,8 +841,12 @@ def node(
             ],
         )
         _wait(lambda: _node_ready(plane, name), "kubelet", kubelet_process, 120)
+        the_node.masquerades_pods = _start_kube_proxy(processes, plane, work, proxy, name)
+        binder = DaemonSetBinder(plane, name)
         yield the_node
     finally:
+        if binder is not None:
+            binder.close()
         problems = _stop(processes, plane, work, cgroup, name)
         if dns is not None:
             dns.close()
@@ -643,7 +861,8 @@ def _start_controllers(processes: list[Process], plane: ControlPlane, work: Path
         plane,
         work,
         "kube-controller-manager",
-        [str(binary), f"--kubeconfig={kubeconfig}", "--controllers=root-ca-cert-publisher", "--leader-elect=false",
+        [str(binary), f"--kubeconfig={kubeconfig}",
+         "--controllers=root-ca-cert-publisher,daemonset,endpointslice,nodelifecycle", "--leader-elect=false",
          "--secure-port=0", "--v=1"],
     )  # fmt: skip
 
@@ -689,9 +908,12 @@ def _forget(plane: ControlPlane, name: str) -> None:
 
 
 def _stop(processes: list[Process], plane: ControlPlane, work: Path, cgroup: str, name: str) -> list[str]:
-    """The pods first (by the kubelet), the kubelet, then every container left (their shims outlive
-    containerd), then containerd. The whole way, always; returns what did not stop when asked."""
+    """The controllers (a DaemonSet's pod deleted is not made again), the pods (by the kubelet), the kubelet
+    and kube-proxy, then every container left (their shims outlive containerd), then containerd, and the
+    namespace's iptables rules. The whole way, always; returns what did not stop when asked."""
     problems = []
+    for process in [p for p in processes if p.name == "kube-controller-manager"]:
+        stop_process(process.popen)
     kubelet = [p for p in processes if p.name == "kubelet"]
     if kubelet and kubelet[0].popen.poll() is None:
         try:
@@ -706,8 +928,10 @@ def _stop(processes: list[Process], plane: ControlPlane, work: Path, cgroup: str
         problems.append(_remove_containers(work / "containerd" / "containerd.sock"))
     for process in containerd:
         stop_process(process.popen)
-    with contextlib.suppress(subprocess.CalledProcessError, OSError):
-        _iptables(plane, "-t", "nat", "-F")
+    for table in ("nat", "filter", "mangle"):  # kube-proxy's and the kubelet's chains; the namespace is ours
+        with contextlib.suppress(subprocess.CalledProcessError, OSError):
+            _iptables(plane, "-t", table, "-F")
+            _iptables(plane, "-t", table, "-X")
     unmount_under(work)
     _remove_cgroups(cgroup)
     # The kubelet links every container's log into /var/log/containers (a fixed path): ours go with us.

@@ -24,11 +24,11 @@ def running_node(kube: ControlPlane, *tools: str) -> Iterator[Node]:
 
     require_node()
     require(*tools)
-    kubelet, controllers = binary("kubelet"), binary("kube-controller-manager")
+    kubelet, controllers, proxy = binary("kubelet"), binary("kube-controller-manager"), binary("kube-proxy")
     # Short: unix socket paths (containerd's, the shims') are limited to 108 bytes.
     work = Path(f"/tmp/cwn-{os.getpid()}")
     try:
-        with node(kube, work, kubelet, controllers) as running:
+        with node(kube, work, kubelet, controllers, proxy) as running:
             yield running
     finally:
         shutil.rmtree(work, ignore_errors=True)
