@@ -254,7 +254,7 @@ def _preview(port: int, tls: Path) -> None:
     """One preview, so a worker process starts and receives the node table."""
     import httpx
 
-    body = (ROOT / "examples" / "flyte-1.15-pod.yaml").read_bytes()
+    body = (ROOT / "tests" / "golden" / "pods" / "flyte-1.15-bare.yaml").read_bytes()
     with httpx.Client(base_url=f"https://127.0.0.1:{port}", verify=str(tls / "ca.crt"), timeout=60) as client:
         answer = client.post("/preview", content=body, headers={"Content-Type": "application/yaml"})
         answer.raise_for_status()

@@ -116,7 +116,7 @@ def reviews(server: Server, n: int, stop: threading.Event, tally: Tally) -> None
 
 
 def previews(server: Server, stop: threading.Event, tally: Tally) -> None:
-    flyte = yaml.safe_load((ROOT / "examples" / "flyte-1.15-pod.yaml").read_text())
+    flyte = yaml.safe_load((ROOT / "tests" / "golden" / "pods" / "flyte-1.15-bare.yaml").read_text())
     body = orjson.dumps({"apiVersion": "v1", "kind": "List", "items": [flyte] * 40})
     i = 0
     with server.client(timeout=30) as client:

@@ -157,7 +157,7 @@ def test_the_largest_preview_fits_in_the_preview_timeout(output: str) -> None:
     writer made the YAML, so the worker was stopped at preview.timeoutSeconds (10 s) and the answer was 503;
     under 2 s since on a quiet machine (docs/http-api.md has the cost of each output; bench/ measures it).
     The bound here is what a user meets, the timeout; CPU time, not wall time: the machine may be busy."""
-    flyte = load_yaml(Path(__file__).parent.parent / "examples" / "flyte-1.15-pod.yaml")
+    flyte = load_yaml(Path(__file__).parent / "golden" / "pods" / "flyte-1.15-bare.yaml")
     count = (1024 * 1024 - 100) // (len(orjson.dumps(flyte)) + 1)
     body = orjson.dumps({"apiVersion": "v1", "kind": "List", "items": [flyte] * count})
     assert len(body) <= build_settings({}).preview.max_body_bytes

@@ -19,7 +19,7 @@ from tests.support import load_yaml
 
 NAMESPACE = "copilot-webhook"
 DECLARED = {"webhook": {"ptrace": {"failurePolicy": "Fail"}}}
-EXAMPLE = Path(__file__).parent.parent / "examples" / "flyte-1.15-pod.yaml"
+EXAMPLE = Path(__file__).parent / "golden" / "pods" / "flyte-1.15-bare.yaml"  # no SYS_PTRACE: add adds it
 GOLDEN_PODS = Path(__file__).parent / "golden" / "pods"
 BASELINE = {"pod-security.kubernetes.io/enforce": "baseline"}
 # The chart assumes baseline where a namespace has no label; the test API server enforces no default, and a

@@ -21,7 +21,7 @@ from tests.test_kube_nodes import add_node
 
 NAMESPACE = "cwprev"
 GOLDEN_PODS = Path(__file__).parent / "golden" / "pods"
-EXAMPLE = Path(__file__).parent.parent / "examples" / "flyte-1.15-pod.yaml"
+EXAMPLE = Path(__file__).parent / "golden" / "pods" / "flyte-1.15-bare.yaml"
 NODE = "prev-docker"
 # Unlike the defaults: drop, so an answer that holds it came from the release's ConfigMap.
 VALUES = {"ptrace": {"mode": "drop"}, "podSecurity": PRIVILEGED_BY_DEFAULT}
