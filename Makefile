@@ -64,7 +64,7 @@ bench: $(BIN)/copilot-webhook
 	@test -n "$(ANCHORS)" || { echo "make bench ANCHORS=<dir with go-floor/, py-naive/, post.lua>"; exit 2; }
 	$(BIN)/python bench/load.py --anchors $(ANCHORS)
 
-# The Go programs the tests run (etcd, kube-apiserver, Flyte's pod generators), built from tests/*/go.mod into
+# The Go programs the tests run (etcd, the Kubernetes binaries, Flyte's programs), built from tests/*/go.mod into
 # a cache outside the work tree keyed by their pins: a warm run builds nothing. Tests that need one skip
 # without it (under CI=true a skip fails).
 go-tools: $(BIN)/copilot-webhook
@@ -88,6 +88,13 @@ clean:
 bench-pods: $(BIN)/copilot-webhook
 	@test -n "$(ANCHORS)" || { echo "make bench-pods ANCHORS=<dir with go-floor/>"; exit 2; }
 	$(BIN)/python bench/pods_bench.py --anchors $(ANCHORS)
+
+# What the image puller adds to a pod's start on the tests' real node, in each mode (none, socket, agent), for
+# cached and fresh images: make bench-puller [ROUNDS=7]. Needs root, the node's packages and `make go-tools`.
+ROUNDS ?= 7
+.PHONY: bench-puller
+bench-puller: $(BIN)/copilot-webhook
+	$(BIN)/python bench/puller_bench.py --rounds $(ROUNDS)
 
 # The real server under sustained mixed load (reviews, previews, scrapes, refused requests, SIGHUPs), loopback
 # only and bounded in time; fails on a failed check, an error in the log or memory growth (bench/soak.py).
