@@ -77,7 +77,7 @@ def test_verify_fails_on_a_bundle_that_does_not_sign_the_served_certificate(
         result = _run(api, tmp_path, "verify", "--webhook-config", "cw", "--address", f"127.0.0.1:{server.port}")
     assert result.returncode == 1
     assert [line[:4] for line in result.stdout.splitlines()] == ["FAIL"] * 3
-    assert "CERTIFICATE_VERIFY_FAILED" in result.stdout
+    assert "TLS verification failed: unable to get local issuer certificate" in result.stdout
     assert "Traceback" not in result.stderr
 
 

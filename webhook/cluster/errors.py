@@ -38,7 +38,10 @@ def plainly(exc: BaseException) -> str:
         return f"cannot reach {where}: {_cause(exc.reason)}"
     if isinstance(exc, ssl.SSLCertVerificationError):
         return f"TLS verification failed: {exc.verify_message}"
-    if isinstance(exc, (ssl.SSLError, OSError)):
+    if isinstance(exc, ssl.SSLError):
+        reason = getattr(exc, "reason", None) or exc.strerror or "handshake"
+        return "TLS failed: " + str(reason).lower().replace("_", " ")
+    if isinstance(exc, OSError):
         return _cause(exc)
     return str(exc) or "unexpected error"
 

@@ -16,6 +16,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from webhook import objects
+from webhook.cluster.errors import plainly
 
 # A pod as Flyte <= 1.15 builds a raw-container task (flyteplugins' copilot.go): the copilot's downloader,
 # its sidecar watcher as a regular container, and the primary sharing the data volume.
@@ -144,7 +145,7 @@ def _review_check(
         status, body = _post(dial, server_name, bundle, path=path, body=orjson.dumps(review), kind="application/json")
         response = orjson.loads(body).get("response") or {}
     except (OSError, ssl.SSLError, orjson.JSONDecodeError, http.client.HTTPException, AttributeError) as exc:
-        return Check(name, ok=False, detail=f"https://{server_name}{path}: {type(exc).__name__}: {exc}")
+        return Check(name, ok=False, detail=f"https://{server_name}{path}: {plainly(exc)}")
     if status != 200 or response.get("uid") != "copilot-webhook-verify" or response.get("allowed") is not True:
         return Check(name, ok=False, detail=f"https://{server_name}{path}: HTTP {status}: {body[:300]!r}")
     patched = "a patch" if response.get("patch") else "no patch"
@@ -157,7 +158,7 @@ def _preview_check(dial: tuple[str, int], server_name: str, bundle: bytes) -> Ch
             dial, server_name, bundle, path="/preview", body=orjson.dumps(SAMPLE_POD), kind="application/json"
         )
     except (OSError, ssl.SSLError, http.client.HTTPException) as exc:
-        return Check("preview", ok=False, detail=f"https://{server_name}/preview: {type(exc).__name__}: {exc}")
+        return Check("preview", ok=False, detail=f"https://{server_name}/preview: {plainly(exc)}")
     if status == 404:
         return Check("preview", ok=True, detail="preview.enabled is false: /preview answers 404")
     if status != 200:
