@@ -12,6 +12,7 @@ from prometheus_client.registry import Collector
 
 from certs.rotation import expiry
 from webhook.mutation.plan import Plan
+from webhook.web.stalls import INTERVAL, LOG_EVERY, STALL_SECONDS
 
 # Admission answers are expected within milliseconds; the API server gives up at timeoutSeconds (<= 30).
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -132,6 +133,19 @@ class Metrics:
         self.connections_refused = Counter(
             "copilot_webhook_connections_refused",
             "Connections closed on arrival because server.maxConnections were open.",
+            registry=self.registry,
+        )
+        self.event_loop_lag = Histogram(
+            "copilot_webhook_event_loop_lag_seconds",
+            f"How late the event loop ran a timer due every {INTERVAL * 1000:.0f} ms: the wait a request arriving "
+            "then had before the loop read it.",
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.event_loop_stalls = Counter(
+            "copilot_webhook_event_loop_stalls",
+            f"Stalls: a timer run more than {STALL_SECONDS * 1000:.0f} ms late (the lag's {STALL_SECONDS:g} "
+            f"bucket); logged with what held the loop, at most one line each {LOG_EVERY:g} s.",
             registry=self.registry,
         )
         self.config_reloads = Counter(

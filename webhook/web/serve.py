@@ -6,6 +6,7 @@ races a request: a request sees either the old settings or the new, whole.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gc
 import logging
@@ -35,6 +36,7 @@ from webhook.review import no_cluster
 from webhook.web.connections import Limits, Unread, protocol_class
 from webhook.web.metrics import Metrics
 from webhook.web.server import DIRECT, MetricsApp, WebhookApp
+from webhook.web.stalls import LoopMonitor
 from webhook.web.tls import ReloadingTLS, TLSFiles, file_stamp
 
 log = logging.getLogger(__name__)
@@ -52,7 +54,7 @@ class ReloadingServer(uvicorn.Server):
     SIGTERM or SIGINT first drains for `server.drainSeconds`: readyz answers 503, every answer says
     `Connection: close`, and requests keep being served; then uvicorn stops accepting and finishes what is
     in flight (connections.py gives idle ones a moment to deliver a request already sent). A second signal
-    stops at once.
+    stops at once. `monitor` watches the event loop while it serves (stalls.py).
     """
 
     def __init__(
@@ -63,8 +65,10 @@ class ReloadingServer(uvicorn.Server):
         *,
         drain_seconds: float,
         metrics: tuple[uvicorn.Server, Limits] | None = None,
+        monitor: LoopMonitor | None = None,
     ) -> None:
         super().__init__(config)
+        self._monitor = monitor
         self._reload = reload
         self._limits = limits
         # The metrics port drains with this one: a scrape answered during the drain closes its connection,
@@ -76,6 +80,16 @@ class ReloadingServer(uvicorn.Server):
         # The plain-HTTP /metrics listener, started and stopped with this one.
         self._metrics = metrics[0] if metrics else None
         self.listening = threading.Event()
+
+    async def serve(self, sockets: list[Any] | None = None) -> None:
+        if self._monitor is None:
+            await super().serve(sockets)
+            return
+        self._monitor.start(asyncio.get_running_loop())
+        try:
+            await super().serve(sockets)
+        finally:
+            self._monitor.stop()
 
     async def startup(self, sockets: list[Any] | None = None) -> None:
         await super().startup(sockets)
@@ -235,6 +249,7 @@ def serve(
         limits,
         drain_seconds=settings.server.drain_seconds,
         metrics=_metrics_server(settings.server, metrics, limits.unread),
+        monitor=LoopMonitor(metrics.event_loop_lag.observe, metrics.event_loop_stalls.inc),
     )
     with contextlib.suppress(ValueError):  # only the main thread may set handlers (tests run serve in threads)
         signal.signal(signal.SIGHUP, server.request_reload)
