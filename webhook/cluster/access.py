@@ -1,4 +1,4 @@
-"""Cluster access (spec 4, `cluster.enabled`) and the facts lookup the server reads on every request."""
+"""Cluster access (`cluster.enabled`) and the facts lookup the server reads on every request."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`certs ensure` against the cluster (spec 3; TLS mode self-signed): keep the CA and serving certificate
+"""`certs ensure` against the cluster (TLS mode self-signed): keep the CA and serving certificate
 in our Secret and the caBundle of our webhook configuration in step, safely when replicas race.
 
 Every write is conditional: a Secret is created only if absent (409: another replica won; read theirs),

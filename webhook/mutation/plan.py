@@ -1,4 +1,4 @@
-"""plan(pod, facts, settings) -> Plan: every decision of the webhook, as a pure function (spec 1).
+"""plan(pod, facts, settings) -> Plan: every decision of the webhook, as a pure function.
 
 The plan carries the RFC 6902 operations with a reason each, the warnings for the user, the audit
 annotations, and per kind of mutation what was decided (for metrics). It never raises for a well-formed

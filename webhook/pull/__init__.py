@@ -1,4 +1,4 @@
-"""copilot-webhook-pull: the command the image-puller init container runs (spec 1.3).
+"""copilot-webhook-pull: the command the image-puller init container runs.
 
 Pulls every image given through the node's runtime, in parallel, once per reference as the runtimes
 normalise it, skipping those the node already has, retrying with exponential back-off only what can
@@ -9,7 +9,7 @@ says so and exits 0 (`Ignore`), so the kubelet pulls as usual. SIGTERM (it runs 
 once: calls in flight are cancelled and child processes killed. Runs in the puller image: the standard
 library and grpcio only.
 
-With --agent (spec 1.3a) it holds no socket: it asks the node agent to pull (webhook/pull/ask.py).
+With --agent it holds no socket: it asks the node agent to pull (webhook/pull/ask.py).
 
 Nothing the pod author writes is read as an option: references are parsed first (one starting with `-`
 is invalid), travel in API messages, and follow `--` where a command line carries them.

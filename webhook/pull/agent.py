@@ -1,4 +1,4 @@
-"""copilot-webhook-agent: the node agent of the image puller's agent mode (spec 1.3a).
+"""copilot-webhook-agent: the node agent of the image puller's agent mode.
 
 A DaemonSet pod, the only holder of its node's runtime socket. It learns its node's runtime from the
 Node object's containerRuntimeVersion (the kubelet's own report) and finds that runtime's socket under
@@ -577,7 +577,7 @@ class ReloadingContext:
 
 
 def runtime_of(node: dict[str, Any]) -> str:
-    """The flavour of a Node's runtime: containerRuntimeVersion before `://` (spec 1.4)."""
+    """The flavour of a Node's runtime: containerRuntimeVersion before `://`, as the webhook reads it."""
     version = str(_object(_object(node, "status"), "nodeInfo").get("containerRuntimeVersion", ""))
     return version.partition("://")[0] if "://" in version else ""
 

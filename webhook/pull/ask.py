@@ -1,4 +1,4 @@
-"""The puller's agent mode (spec 1.3a): the pod's init container asks its node's agent to pull.
+"""The puller's agent mode: the pod's init container asks its node's agent to pull.
 
 It holds no socket and no privilege: it sends the agent the images, the pod's pull secrets (mounted into
 it) and a projected token of the agent's audience, over TLS verified against the CA bundle it is given,

@@ -47,7 +47,7 @@ class TLSFiles:
 def new_context(files: TLSFiles) -> ssl.SSLContext:
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = _VERSIONS[files.min_version]
-    context.set_alpn_protocols(["http/1.1"])  # HTTP/1.1 only (spec 2)
+    context.set_alpn_protocols(["http/1.1"])  # HTTP/1.1 only
     if files.client_ca:
         context.verify_mode = ssl.CERT_REQUIRED
     context.load_cert_chain(files.cert, files.key)
