@@ -137,6 +137,11 @@ def wrk(url: str, lua: Path | None, seconds: int, connections: int) -> dict[str,
     return stats
 
 
+Server = tuple[list[str], int, "Path | None"]  # command, port, another checkout to run it from
+Targets = dict[str, tuple[str, "Path | None", int]]  # name: (URL, wrk script, the port of the server that answers it)
+REFERENCE = "copilot-webhook POST /mutate/ptrace (the anchors' work)"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--anchors", type=Path, required=True)
@@ -145,14 +150,21 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=16)
     parser.add_argument("--baseline", type=Path, help="another checkout of this project, measured beside")
     args = parser.parse_args()
+    work = bench_certs()
+    servers, targets = _plan(args, work)
+    results = _measure(args, servers, targets)
+    _print_table(args, targets, results)
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def _plan(args: argparse.Namespace, work: Path) -> tuple[list[Server], Targets]:
+    """The servers to start and the targets to load, each on a free port."""
     anchors = args.anchors.resolve()
     lua = anchors / "post.lua"
-    work = bench_certs()
     cert, key = str(work / "tls.crt"), str(work / "tls.key")
     go_bin = build_go_floor(anchors) or work / "go-floor"
-
     ours, go_port, naive = free_port(), free_port(), free_port()
-    servers: list[tuple[list[str], int, Path | None]] = [
+    servers: list[Server] = [
         ([sys.executable, "-m", "webhook", "serve", "--host", "127.0.0.1", "--port", str(ours), "--tls-cert", cert,
           "--tls-key", key, "--log-level", "warning"], ours, None),
         ([str(go_bin), "-addr", f"127.0.0.1:{go_port}", "-cert", cert, "-key", key], go_port, None),
@@ -160,9 +172,8 @@ def main() -> None:
           "--port", str(naive), "--ssl-certfile", cert, "--ssl-keyfile", key, "--no-access-log", "--log-level",
           "warning"], naive, None),
     ]  # fmt: skip
-    ref = "copilot-webhook POST /mutate/ptrace (the anchors' work)"
-    targets = {  # name: (URL, wrk script, the port of the server that answers it)
-        ref: (f"https://127.0.0.1:{ours}/mutate/ptrace", lua, ours),
+    targets: Targets = {
+        REFERENCE: (f"https://127.0.0.1:{ours}/mutate/ptrace", lua, ours),
         "copilot-webhook POST /mutate (ptrace and image puller)": (f"https://127.0.0.1:{ours}/mutate", lua, ours),
         "copilot-webhook GET /healthz (no-op, same server)": (f"https://127.0.0.1:{ours}/healthz", None, ours),
         "go-floor POST /mutate": (f"https://127.0.0.1:{go_port}/mutate", lua, go_port),
@@ -178,6 +189,11 @@ def main() -> None:
         servers.append((command, base, args.baseline.resolve()))
         targets["baseline POST /mutate/ptrace"] = (f"https://127.0.0.1:{base}/mutate/ptrace", lua, base)
         targets["baseline POST /mutate"] = (f"https://127.0.0.1:{base}/mutate", lua, base)
+    return servers, targets
+
+
+def _measure(args: argparse.Namespace, servers: list[Server], targets: Targets) -> dict[str, list[dict[str, float]]]:
+    """Every target loaded in turn for each round, with the answering server's CPU over the run."""
     results: dict[str, list[dict[str, float]]] = {name: [] for name in targets}
     with contextlib.ExitStack() as stack:
         pids = {server[1]: stack.enter_context(_process(*server)).pid for server in servers}
@@ -191,7 +207,10 @@ def main() -> None:
                 stats["cpu_us"], stats["cores"] = used / stats["requests"] * 1e6, used / args.seconds
                 results[name].append(stats)
                 print(f"round {round_ + 1} {name}: {results[name][-1]}", file=sys.stderr)
+    return results
 
+
+def _print_table(args: argparse.Namespace, targets: Targets, results: dict[str, list[dict[str, float]]]) -> None:
     def med(name: str, key: str) -> float:
         return statistics.median(r[key] for r in results[name])
 
@@ -207,14 +226,13 @@ def main() -> None:
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name in targets:
         errors = int(sum(r["errors"] for r in results[name]))
-        ratio = med(ref, "rps") / med(name, "rps")
-        efficiency = med(name, "cpu_us") / med(ref, "cpu_us")
+        ratio = med(REFERENCE, "rps") / med(name, "rps")
+        efficiency = med(name, "cpu_us") / med(REFERENCE, "cpu_us")
         rps, p50, p99, cpu, cores = (med(name, k) for k in ("rps", "p50", "p99", "cpu_us", "cores"))
         print(
             f"| {name} | {rps:,.0f} | {p50:.2f} | {p99:.2f} | {errors} | {cpu:,.0f} | {cores:.2f} "
             f"| {ratio:.2f} | {efficiency:.2f} |"
         )
-    shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -571,36 +571,46 @@ def report(phases: list[Phase], args: argparse.Namespace, info: dict[str, str]) 
         "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for rate in args.rates:
-        base = totals["none", rate]
-        for target in TARGETS:
-            t = totals[target, rate]
-            p50, p99 = t.pct(0.5), t.pct(0.99)
-            added = " | " if target == "none" else f"{p50 - base.pct(0.5):.1f} | {p99 - base.pct(0.99):.1f}"
-            cpu = "" if target == "none" else f"{t.cpu(_server(target)):.2f}"
-            calls = statistics.median(p.calls for p in t.slices)
-            sustained = f"{sum(p.sustained for p in t.slices)}/{len(t.slices)}"
-            if not all(p.sent for p in t.slices):
-                sustained += f" (the client fell behind in {sum(not p.sent for p in t.slices)})"
-            mutated = f"{sum(p.mutated for p in t.slices)}/{len(t.latencies)}"
-            errors = sum(sum(p.errors.values()) for p in t.slices)
-            lines.append(
-                f"| {rate}/s | {target} | {p50:.1f} | {p99:.1f} | {added} | {cpu} | {t.cpu('kube-apiserver'):.2f} "
-                f"| {t.cpu('etcd'):.2f} | {t.cpu('client'):.2f} | {calls:.2f} | {t.accepted():.0f} | {sustained} "
-                f"| {max(p.max_in_flight for p in t.slices)} | {mutated} | {errors} |"
-            )
+        lines += [_row(rate, target, totals) for target in TARGETS]
     lines.append("")
     for rate in args.rates:
-        base, floor = totals["none", rate], totals["go-floor", rate]
-        floor99, floor_cpu = floor.pct(0.99) - base.pct(0.99), floor.cpu("go-floor")
-        for target in ("ours", "ours-ptrace"):
-            t = totals[target, rate]
-            ratio99 = (t.pct(0.99) - base.pct(0.99)) / floor99 if floor99 > 0 else float("inf")
-            ratio_cpu = t.cpu("ours") / floor_cpu if floor_cpu > 0 else float("inf")
-            lines.append(
-                f"- {rate}/s, {target} ÷ go-floor: added p99 {ratio99:.2f}x (goal 1.5x), "
-                f"webhook CPU {ratio_cpu:.2f}x (goal 2x)"
-            )
+        lines += _ratios(rate, totals)
     return "\n".join(lines)
+
+
+def _row(rate: int, target: str, totals: dict[tuple[str, int], Totals]) -> str:
+    """One target's line of the table at one rate."""
+    base, t = totals["none", rate], totals[target, rate]
+    p50, p99 = t.pct(0.5), t.pct(0.99)
+    added = " | " if target == "none" else f"{p50 - base.pct(0.5):.1f} | {p99 - base.pct(0.99):.1f}"
+    cpu = "" if target == "none" else f"{t.cpu(_server(target)):.2f}"
+    calls = statistics.median(p.calls for p in t.slices)
+    sustained = f"{sum(p.sustained for p in t.slices)}/{len(t.slices)}"
+    if not all(p.sent for p in t.slices):
+        sustained += f" (the client fell behind in {sum(not p.sent for p in t.slices)})"
+    mutated = f"{sum(p.mutated for p in t.slices)}/{len(t.latencies)}"
+    errors = sum(sum(p.errors.values()) for p in t.slices)
+    return (
+        f"| {rate}/s | {target} | {p50:.1f} | {p99:.1f} | {added} | {cpu} | {t.cpu('kube-apiserver'):.2f} "
+        f"| {t.cpu('etcd'):.2f} | {t.cpu('client'):.2f} | {calls:.2f} | {t.accepted():.0f} | {sustained} "
+        f"| {max(p.max_in_flight for p in t.slices)} | {mutated} | {errors} |"
+    )
+
+
+def _ratios(rate: int, totals: dict[tuple[str, int], Totals]) -> list[str]:
+    """Ours against go-floor at one rate: added p99 and webhook CPU, each with its goal."""
+    base, floor = totals["none", rate], totals["go-floor", rate]
+    floor99, floor_cpu = floor.pct(0.99) - base.pct(0.99), floor.cpu("go-floor")
+    lines = []
+    for target in ("ours", "ours-ptrace"):
+        t = totals[target, rate]
+        ratio99 = (t.pct(0.99) - base.pct(0.99)) / floor99 if floor99 > 0 else float("inf")
+        ratio_cpu = t.cpu("ours") / floor_cpu if floor_cpu > 0 else float("inf")
+        lines.append(
+            f"- {rate}/s, {target} ÷ go-floor: added p99 {ratio99:.2f}x (goal 1.5x), "
+            f"webhook CPU {ratio_cpu:.2f}x (goal 2x)"
+        )
+    return lines
 
 
 def _quiet_closed(loop: asyncio.AbstractEventLoop, context: dict[str, object]) -> None:

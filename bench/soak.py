@@ -261,13 +261,40 @@ def main() -> int:
     parser.add_argument("--max-growth-mb", type=float, default=16)
     parser.add_argument("--json", type=Path, help="also write the result here")
     args = parser.parse_args()
+    tally = Tally()
+    elapsed, samples, hups, log = _soak(args, tally)
+    warm = _judge(args, tally, samples, log)
+    text = json.dumps(_result(tally, elapsed, samples, warm, hups), indent=2)
+    print(text)
+    if args.json is not None:
+        args.json.write_text(text + "\n")
+    return 1 if tally.failures else 0
+
+
+def _judge(args: argparse.Namespace, tally: Tally, samples: list[Sample], log: str) -> list[Sample]:
+    """Fail the run on an error in the server's log or memory growth after warm-up; the warm samples."""
+    errors = [line for line in log.splitlines() if " ERROR " in line or "Traceback" in line]
+    if errors:
+        tally.fail("server log", errors[0])
+    warm = [s for s in samples if s[0] >= args.seconds * 0.2] or samples
+    growth_mb = (warm[-1][1] - warm[0][1]) / 1024
+    if growth_mb > args.max_growth_mb:
+        tally.fail("memory", f"server RSS grew {growth_mb:.1f} MB after warm-up")
+    return warm
+
+
+Sample = tuple[float, int, int]  # seconds since the start, the server's RSS and with its workers' (KB)
+
+
+def _soak(args: argparse.Namespace, tally: Tally) -> tuple[float, list[Sample], int, str]:
+    """The server under every load at once for --seconds, a SIGHUP every 5 s: (seconds, RSS samples every
+    2 s, SIGHUPs sent, the server's log)."""
     certs = bench_certs()
     metrics_port = free_port()
     deadline = 2.0  # server.deadlineSeconds, the default
     config = f"server:\n  metricsPort: {metrics_port}\n  deadlineSeconds: {deadline}\n"
-    tally = Tally()
     stop = threading.Event()
-    samples: list[tuple[float, int, int]] = []
+    samples: list[Sample] = []
     hups = 0
     with running_server(
         certs, certs / "server", config=config, env={"COPILOT_WEBHOOK_CLUSTER__ENABLED": "false"}
@@ -296,16 +323,12 @@ def main() -> int:
         stop.set()
         for t in threads:
             t.join(timeout=30)
-        elapsed = time.monotonic() - started
-        log = server.output()
-    if "Traceback" in log or " ERROR " in log:
-        tally.fail("server log", next(line for line in log.splitlines() if "ERROR" in line or "Traceback" in line))
-    warm = [s for s in samples if s[0] >= args.seconds * 0.2] or samples
-    growth_mb = (warm[-1][1] - warm[0][1]) / 1024
-    if growth_mb > args.max_growth_mb:
-        tally.fail("memory", f"server RSS grew {growth_mb:.1f} MB after warm-up")
+        return time.monotonic() - started, samples, hups, server.output()
+
+
+def _result(tally: Tally, elapsed: float, samples: list[Sample], warm: list[Sample], hups: int) -> dict[str, Any]:
     latencies = sorted(tally.latencies)
-    result = {
+    return {
         "seconds": round(elapsed, 1),
         "requests": dict(sorted(tally.counts.items())),
         "total_checked": sum(tally.counts.values()) + sum(tally.failures.values()),
@@ -322,11 +345,6 @@ def main() -> int:
         },
         "with_preview_workers_rss_mb_max": round(max(s[2] for s in samples) / 1024, 1),
     }
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.json is not None:
-        args.json.write_text(text + "\n")
-    return 1 if tally.failures else 0
 
 
 if __name__ == "__main__":

@@ -22,32 +22,40 @@ _ENTRY = {"imagePuller.registries": "host"}  # what the keys of a mapping of sec
 
 
 def _allowed(annotation: Any, info: FieldInfo) -> str:
+    """What a key accepts, in words: its literals, its type and the bounds pydantic checks."""
     origin = typing.get_origin(annotation)
     if origin is Literal:
         return ", ".join(f"`{v}`" for v in typing.get_args(annotation))
     if origin in (types.UnionType, typing.Union):
-        parts = [a for a in typing.get_args(annotation) if a is not type(None)]
-        return (_allowed(parts[0], info) if len(parts) == 1 else " or ".join(_allowed(p, info) for p in parts)) + (
-            ", or none" if type(None) in typing.get_args(annotation) else ""
-        )
-    bounds = {type(m).__name__: m for m in info.metadata}
+        return _union(annotation, info)
     if annotation in (int, float):
-        low = f">= {bounds['Ge'].ge}" if "Ge" in bounds else (f"> {bounds['Gt'].gt}" if "Gt" in bounds else "")
-        high = f"<= {bounds['Le'].le}" if "Le" in bounds else (f"< {bounds['Lt'].lt}" if "Lt" in bounds else "")
-        words = ", ".join(w for w in (low, high) if w)
-        return f"{'integer' if annotation is int else 'number'}{' ' + words if words else ''}"
-    if annotation is bool:
-        return "boolean"
+        return _number(annotation, info)
     if annotation is str:
-        limits = [f"at least {m.min_length} characters" for m in info.metadata if isinstance(m, MinLen)]
-        limits += [f"at most {m.max_length}" for m in info.metadata if isinstance(m, MaxLen)]
-        limits += [f"matching `{m.pattern}`" for m in info.metadata if hasattr(m, "pattern") and m.pattern]
-        return "string" + (f" ({', '.join(limits)})" if limits else "")
-    if origin is tuple:
-        return "list of strings"
-    if origin is dict:
-        return "mapping"
-    return getattr(annotation, "__name__", str(annotation))
+        return _string(info)
+    named = {bool: "boolean"}.get(annotation) or {tuple: "list of strings", dict: "mapping"}.get(origin)
+    return str(named or getattr(annotation, "__name__", annotation))
+
+
+def _union(annotation: Any, info: FieldInfo) -> str:
+    members = typing.get_args(annotation)
+    parts = [a for a in members if a is not type(None)]
+    words = " or ".join(_allowed(p, info) for p in parts)
+    return words + (", or none" if type(None) in members else "")
+
+
+def _number(annotation: Any, info: FieldInfo) -> str:
+    bounds = {type(m).__name__: m for m in info.metadata}
+    low = f">= {bounds['Ge'].ge}" if "Ge" in bounds else (f"> {bounds['Gt'].gt}" if "Gt" in bounds else "")
+    high = f"<= {bounds['Le'].le}" if "Le" in bounds else (f"< {bounds['Lt'].lt}" if "Lt" in bounds else "")
+    words = ", ".join(w for w in (low, high) if w)
+    return f"{'integer' if annotation is int else 'number'}{' ' + words if words else ''}"
+
+
+def _string(info: FieldInfo) -> str:
+    limits = [f"at least {m.min_length} characters" for m in info.metadata if isinstance(m, MinLen)]
+    limits += [f"at most {m.max_length}" for m in info.metadata if isinstance(m, MaxLen)]
+    limits += [f"matching `{m.pattern}`" for m in info.metadata if hasattr(m, "pattern") and m.pattern]
+    return "string" + (f" ({', '.join(limits)})" if limits else "")
 
 
 def _default(value: Any) -> str:

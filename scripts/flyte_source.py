@@ -141,9 +141,28 @@ PRIMARY_INIT_TEMPLATE = {
 
 
 def flyte_pod(line_name: str, task: Task) -> dict[str, Any]:
+    """The pod Flyte's pod plugin writes for a raw-container task, step by step as its Go code does."""
     line = LINES[line_name]
     name = "f7a9c2e4b1-n0-0" if not line.flyte2 else "r4x2k9-a0-0"
-    primary: dict[str, Any] = {
+    primary = _primary(name, task)
+    spec: dict[str, Any] = {"restartPolicy": "Never", "containers": [primary]}
+    if task.extra_container:
+        _add_log_forwarder(spec, primary)
+    _add_copilot_to_container(line, task, primary)
+    _add_copilot_to_pod(line, task, spec)
+    _merge_templates(line, task, spec)
+    metadata = _metadata(line, name)
+    if len(spec["containers"]) == 1 and line.annotate_raw_container:
+        metadata["annotations"]["primary_container_name"] = name
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
+    if task.secrets == "before":
+        _inject_secrets(pod)
+    copied: dict[str, Any] = json.loads(json.dumps(pod))  # no shared sub-objects (YAML would write aliases)
+    return copied
+
+
+def _primary(name: str, task: Task) -> dict[str, Any]:
+    return {
         "name": name,
         "image": "ghcr.io/flyteorg/rawcontainers-shell:v2",
         "command": ["./calculate-ellipse-area.sh", task.input_path, task.output_path],
@@ -151,29 +170,33 @@ def flyte_pod(line_name: str, task: Task) -> dict[str, Any]:
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "env": [{"name": "FLYTE_INTERNAL_EXECUTION_ID", "value": "f7a9c2e4b1"}],
     }
-    containers = [primary]
-    if task.extra_container:
-        containers.append(
-            {
-                "name": "log-forwarder",
-                "image": "docker.io/fluent/fluent-bit:3.1",
-                "args": ["-i", "tail", "-p", "path=/var/log/task/*.log", "-o", "stdout"],
-                "volumeMounts": [{"name": "task-logs", "mountPath": "/var/log/task"}],
-            }
-        )
-        primary.setdefault("volumeMounts", []).append({"name": "task-logs", "mountPath": "/var/log/task"})
-    spec: dict[str, Any] = {"restartPolicy": "Never", "containers": containers}
-    if task.extra_container:
-        spec["volumes"] = [{"name": "task-logs", "emptyDir": {}}]
 
-    # AddCoPilotToContainer: SYS_PTRACE (<= 1.15; an empty capabilities object from 1.16) and the mounts.
+
+def _add_log_forwarder(spec: dict[str, Any], primary: dict[str, Any]) -> None:
+    """A ContainerTask whose pod template adds a second container sharing a log volume."""
+    spec["containers"].append(
+        {
+            "name": "log-forwarder",
+            "image": "docker.io/fluent/fluent-bit:3.1",
+            "args": ["-i", "tail", "-p", "path=/var/log/task/*.log", "-o", "stdout"],
+            "volumeMounts": [{"name": "task-logs", "mountPath": "/var/log/task"}],
+        }
+    )
+    primary.setdefault("volumeMounts", []).append({"name": "task-logs", "mountPath": "/var/log/task"})
+    spec["volumes"] = [{"name": "task-logs", "emptyDir": {}}]
+
+
+def _add_copilot_to_container(line: Line, task: Task, primary: dict[str, Any]) -> None:
+    """AddCoPilotToContainer: SYS_PTRACE (<= 1.15; an empty capabilities object from 1.16) and the mounts."""
     primary["securityContext"] = {"capabilities": {"add": ["SYS_PTRACE"]} if line.ptrace else {}}
     if task.inputs:
         primary.setdefault("volumeMounts", []).append({"name": "flyte-inputs", "mountPath": task.input_path})
     if task.outputs:
         primary.setdefault("volumeMounts", []).append({"name": "flyte-outputs", "mountPath": task.output_path})
 
-    # AddCoPilotToPod.
+
+def _add_copilot_to_pod(line: Line, task: Task, spec: dict[str, Any]) -> None:
+    """AddCoPilotToPod: the shared process namespace (<= 1.15), the downloader and the uploader."""
     if line.ptrace:
         spec["shareProcessNamespace"] = True
     init: list[dict[str, Any]] = []
@@ -187,35 +210,49 @@ def flyte_pod(line_name: str, task: Task) -> dict[str, Any]:
         secret_mounts = [{"name": "flyte-copilot-storage-config", "mountPath": "/etc/flyte/copilot", "readOnly": True}]
     if task.inputs:
         volumes.append({"name": "flyte-inputs", "emptyDir": {}})
-        args = ["download", "--from-remote", "s3://my-s3-bucket/metadata/propeller/f7a9c2e4b1/n0/data/inputs.pb",
-                "--to-output-prefix", "s3://my-s3-bucket/metadata/propeller/f7a9c2e4b1/n0/data/0",
-                "--to-local-dir", task.input_path, "--format", "JSON"]  # fmt: skip
-        if line.flyte2:
-            args += ["--file-input-layout", "FLAT"]
-        args += ["--input-interface", _b64("inputs: a, b (float)")]
-        mounts = [{"name": "flyte-inputs", "mountPath": task.input_path}, *secret_mounts]
-        init.append(_copilot(line, task, "downloader", args, mounts))
+        init.append(_downloader(line, task, secret_mounts))
     if task.outputs:
         volumes.append({"name": "flyte-outputs", "emptyDir": {}})
-        timeout = "1h0m0s" if line.timeout_flag == "--timeout" else "1m40s"
-        args = ["sidecar", line.timeout_flag, timeout,
-                "--to-raw-output", "s3://my-s3-bucket/data/raw/f7a9c2e4b1",
-                "--to-output-prefix", "s3://my-s3-bucket/metadata/propeller/f7a9c2e4b1/n0/data/0",
-                "--from-local-dir", task.output_path, "--interface", _b64("outputs: area (float)")]  # fmt: skip
-        mounts = [{"name": "flyte-outputs", "mountPath": task.output_path}, *secret_mounts]
-        uploader = _copilot(line, task, line.sidecar_name, args, mounts)
-        if line.native_sidecar:
-            uploader["restartPolicy"] = "Always"
-            init.insert(0, uploader)
-            spec["terminationGracePeriodSeconds"] = line.grace
-        else:
-            containers.append(uploader)
+        _add_uploader(line, task, spec, init, secret_mounts)
     if init:
         spec["initContainers"] = init
     if not volumes:
         del spec["volumes"]
 
-    # MergeWithBasePodTemplate: `default` into every container, `primary-init` into the downloader.
+
+def _downloader(line: Line, task: Task, secret_mounts: list[dict[str, Any]]) -> dict[str, Any]:
+    args = ["download", "--from-remote", "s3://my-s3-bucket/metadata/propeller/f7a9c2e4b1/n0/data/inputs.pb",
+            "--to-output-prefix", "s3://my-s3-bucket/metadata/propeller/f7a9c2e4b1/n0/data/0",
+            "--to-local-dir", task.input_path, "--format", "JSON"]  # fmt: skip
+    if line.flyte2:
+        args += ["--file-input-layout", "FLAT"]
+    args += ["--input-interface", _b64("inputs: a, b (float)")]
+    mounts = [{"name": "flyte-inputs", "mountPath": task.input_path}, *secret_mounts]
+    return _copilot(line, task, "downloader", args, mounts)
+
+
+def _add_uploader(
+    line: Line, task: Task, spec: dict[str, Any], init: list[dict[str, Any]], secret_mounts: list[dict[str, Any]]
+) -> None:
+    """The uploader: a regular container (<= 1.15) or a native sidecar, first among the init containers."""
+    timeout = "1h0m0s" if line.timeout_flag == "--timeout" else "1m40s"
+    args = ["sidecar", line.timeout_flag, timeout,
+            "--to-raw-output", "s3://my-s3-bucket/data/raw/f7a9c2e4b1",
+            "--to-output-prefix", "s3://my-s3-bucket/metadata/propeller/f7a9c2e4b1/n0/data/0",
+            "--from-local-dir", task.output_path, "--interface", _b64("outputs: area (float)")]  # fmt: skip
+    mounts = [{"name": "flyte-outputs", "mountPath": task.output_path}, *secret_mounts]
+    uploader = _copilot(line, task, line.sidecar_name, args, mounts)
+    if line.native_sidecar:
+        uploader["restartPolicy"] = "Always"
+        init.insert(0, uploader)
+        spec["terminationGracePeriodSeconds"] = line.grace
+    else:
+        spec["containers"].append(uploader)
+
+
+def _merge_templates(line: Line, task: Task, spec: dict[str, Any]) -> None:
+    """MergeWithBasePodTemplate: `default` into every container, `primary-init` into the downloader."""
+    init = spec.get("initContainers")
     if task.default_template:
         spec["containers"] = [_merge_template(c, DEFAULT_TEMPLATE) for c in spec["containers"]]
         if init:
@@ -225,16 +262,6 @@ def flyte_pod(line_name: str, task: Task) -> dict[str, Any]:
             _merge_template(c, PRIMARY_INIT_TEMPLATE) if c["name"] == "flyte-copilot-downloader" else c
             for c in spec["initContainers"]
         ]
-
-    metadata = _metadata(line, name)
-    single = len(spec["containers"]) == 1
-    if single and line.annotate_raw_container:
-        metadata["annotations"]["primary_container_name"] = name
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
-    if task.secrets == "before":
-        _inject_secrets(pod)
-    copied: dict[str, Any] = json.loads(json.dumps(pod))  # no shared sub-objects (YAML would write aliases)
-    return copied
 
 
 def _metadata(line: Line, name: str) -> dict[str, Any]:

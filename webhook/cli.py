@@ -21,7 +21,7 @@ from webhook import __version__
 from webhook.cluster.errors import plainly
 from webhook.config import FLAVOURS, LEVELS, ConfigDocument, Settings, dump_settings, load_settings
 from webhook.errors import ConfigError, RequestError
-from webhook.preview.render import Notes, Output, PreviewQuery, preview
+from webhook.preview.render import Notes, Output, Previewed, PreviewQuery, preview
 from webhook.review import NamespaceFacts, no_cluster
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
@@ -290,18 +290,10 @@ def settings_for(args: argparse.Namespace) -> Settings:
 def _preview(args: argparse.Namespace, settings: Settings) -> int:
     namespaces: NamespaceFacts = no_cluster
     if args.from_cluster:
-        try:
-            released = _release(args, settings)
-        except ConfigError as exc:
-            print(f"copilot-webhook: preview: {exc}", file=sys.stderr)
-            return EXIT_USAGE
-        except Exception as exc:  # an API error or no access: said plainly, no traceback
-            print(f"copilot-webhook: preview --from-cluster: {plainly(exc)}", file=sys.stderr)
-            return EXIT_USAGE
-        settings, namespaces = released.settings, released.namespaces
-        print(f"# from the cluster: {released.source}", file=sys.stderr)
-        if args.namespace and args.namespace not in released.existing:
-            print(f"# namespace {args.namespace} does not exist: answered as for one without labels", file=sys.stderr)
+        found = _from_cluster(args, settings)
+        if isinstance(found, int):
+            return found
+        settings, namespaces = found
     elif args.kubeconfig or args.context:
         print(
             "copilot-webhook: preview: --kubeconfig and --context choose the cluster of --from-cluster", file=sys.stderr
@@ -313,6 +305,26 @@ def _preview(args: argparse.Namespace, settings: Settings) -> int:
         print(f"copilot-webhook: cannot read {args.filename}: {exc.strerror}", file=sys.stderr)
         return EXIT_USAGE
     content_type = "application/json" if args.filename.endswith(".json") else "application/yaml"
+    try:
+        previewed = preview(body, content_type, _query(args), settings=settings, namespaces=namespaces)
+    except RequestError as exc:
+        print(f"copilot-webhook: {args.filename}: {exc.message}", file=sys.stderr)
+        return EXIT_USAGE
+    return _emit(previewed, args)
+
+
+def _emit(previewed: Previewed, args: argparse.Namespace) -> int:
+    """The answer on stdout, its notes on stderr; the exit code kubectl diff would give."""
+    content = previewed.content
+    sys.stdout.buffer.write(content if content.endswith(b"\n") or not content else content + b"\n")
+    sys.stdout.flush()
+    notes = previewed.notes
+    _say(notes, decisions=args.output != "json")
+    return PREVIEW_REFUSED if notes.refusals else PREVIEW_CHANGES if notes.changed else EXIT_OK
+
+
+def _query(args: argparse.Namespace) -> PreviewQuery:
+    """The command's options as /preview's query; RequestError for a value it refuses."""
     options = {
         "runtime": args.runtime,
         "node": args.node,
@@ -320,18 +332,23 @@ def _preview(args: argparse.Namespace, settings: Settings) -> int:
         "podSecurity": args.pod_security,
         "output": args.output,
     }
+    return PreviewQuery.of({k: v for k, v in options.items() if v})
+
+
+def _from_cluster(args: argparse.Namespace, settings: Settings) -> tuple[Settings, NamespaceFacts] | int:
+    """The installed release's settings and the live namespace facts, or the exit code of why not."""
     try:
-        query = PreviewQuery.of({k: v for k, v in options.items() if v})
-        previewed = preview(body, content_type, query, settings=settings, namespaces=namespaces)
-    except RequestError as exc:
-        print(f"copilot-webhook: {args.filename}: {exc.message}", file=sys.stderr)
+        released = _release(args, settings)
+    except ConfigError as exc:
+        print(f"copilot-webhook: preview: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    content = previewed.content
-    sys.stdout.buffer.write(content if content.endswith(b"\n") or not content else content + b"\n")
-    sys.stdout.flush()
-    notes = previewed.notes
-    _say(notes, decisions=args.output != "json")
-    return PREVIEW_REFUSED if notes.refusals else PREVIEW_CHANGES if notes.changed else EXIT_OK
+    except Exception as exc:  # an API error or no access: said plainly, no traceback
+        print(f"copilot-webhook: preview --from-cluster: {plainly(exc)}", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"# from the cluster: {released.source}", file=sys.stderr)
+    if args.namespace and args.namespace not in released.existing:
+        print(f"# namespace {args.namespace} does not exist: answered as for one without labels", file=sys.stderr)
+    return released.settings, released.namespaces
 
 
 def _release(args: argparse.Namespace, settings: Settings) -> Any:

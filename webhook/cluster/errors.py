@@ -36,14 +36,18 @@ def plainly(exc: BaseException) -> str:
         pool = exc.pool
         where = f"{pool.host}:{pool.port}" if pool is not None else "the API server"
         return f"cannot reach {where}: {_cause(exc.reason)}"
-    if isinstance(exc, ssl.SSLCertVerificationError):
-        return f"TLS verification failed: {exc.verify_message}"
     if isinstance(exc, ssl.SSLError):
-        reason = getattr(exc, "reason", None) or exc.strerror or "handshake"
-        return "TLS failed: " + str(reason).lower().replace("_", " ")
+        return _tls(exc)
     if isinstance(exc, OSError):
         return _cause(exc)
     return str(exc) or "unexpected error"
+
+
+def _tls(exc: ssl.SSLError) -> str:
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return f"TLS verification failed: {exc.verify_message}"
+    reason = getattr(exc, "reason", None) or exc.strerror or "handshake"
+    return "TLS failed: " + str(reason).lower().replace("_", " ")
 
 
 def _cause(exc: BaseException | None) -> str:

@@ -190,22 +190,28 @@ def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error(f"--timeout must be more than 0 and at most {MAX_TIMEOUT} seconds, not {args.timeout}")
     if not 0 <= args.backoff <= args.timeout:
         parser.error(f"--backoff must be from 0 to --timeout seconds, not {args.backoff}")
-    if args.agent is not None:
-        if args.runtime or args.socket or args.pod_network_registry:
-            parser.error("--agent asks the node agent: it takes no --runtime, --socket or --pod-network-registry")
-        if not args.agent_ca_env or not args.token:
-            parser.error("--agent needs --agent-ca-env and --token")
-        # More than --timeout is no error (the settings allow it): the whole is bounded by --timeout.
-        if not 0 < args.connect_timeout <= MAX_TIMEOUT:
-            parser.error(f"--connect-timeout must be more than 0 and at most {MAX_TIMEOUT}, not {args.connect_timeout}")
-    elif not args.runtime or not args.socket:
-        parser.error("either --runtime and --socket, or --agent, is required")
-    if args.pod_network_registry and args.runtime != "cri":
-        parser.error("--pod-network-registry needs --runtime=cri (containerd)")
+    _check_source(parser, args)
     if args.pull_secrets is not None and not os.path.isdir(args.pull_secrets):
         what = "not a directory" if os.path.exists(args.pull_secrets) else "no such directory"
         parser.error(f"--pull-secrets {args.pull_secrets}: {what} (the pod's pull secrets volume)")
     return args
+
+
+def _check_source(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Where the pulls go: a runtime socket, or the node agent; each with only its own options."""
+    if args.agent is None:
+        if not args.runtime or not args.socket:
+            parser.error("either --runtime and --socket, or --agent, is required")
+        if args.pod_network_registry and args.runtime != "cri":
+            parser.error("--pod-network-registry needs --runtime=cri (containerd)")
+        return
+    if args.runtime or args.socket or args.pod_network_registry:
+        parser.error("--agent asks the node agent: it takes no --runtime, --socket or --pod-network-registry")
+    if not args.agent_ca_env or not args.token:
+        parser.error("--agent needs --agent-ca-env and --token")
+    # More than --timeout is no error (the settings allow it): the whole is bounded by --timeout.
+    if not 0 < args.connect_timeout <= MAX_TIMEOUT:
+        parser.error(f"--connect-timeout must be more than 0 and at most {MAX_TIMEOUT}, not {args.connect_timeout}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

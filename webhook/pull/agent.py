@@ -111,6 +111,19 @@ def pod_images(pod: dict[str, Any]) -> set[str]:
     return named
 
 
+def _bound_pod(status: dict[str, Any]) -> tuple[Caller, str, str]:
+    """The pod a TokenReview's user is bound to, its uid and the service account; Refused when it is none."""
+    user = _object(status, "user")
+    username = str(user.get("username", ""))
+    extra = _object(user, "extra")
+    names, uids = extra.get(POD_NAME) or [], extra.get(POD_UID) or []
+    parts = username.removeprefix(SERVICE_ACCOUNT_PREFIX).split(":")
+    if not username.startswith(SERVICE_ACCOUNT_PREFIX) or len(parts) != 2 or len(names) != 1 or len(uids) != 1:
+        raise Refused(403, "the token is not a service account token bound to a pod")
+    namespace, account = parts
+    return Caller(namespace, str(names[0])), str(uids[0]), account
+
+
 class Gate:
     def __init__(self, api: KubeAPI, audience: str, node: str) -> None:
         self.api, self.audience, self.node = api, audience, node
@@ -125,17 +138,9 @@ class Gate:
             raise Refused(401, f"the token is not valid: {status.get('error') or 'not authenticated'}")
         if self.audience not in (status.get("audiences") or []):
             raise Refused(401, f"the token is not for audience {self.audience}")
-        user = _object(status, "user")
-        username = str(user.get("username", ""))
-        extra = _object(user, "extra")
-        names, uids = extra.get(POD_NAME) or [], extra.get(POD_UID) or []
-        parts = username.removeprefix(SERVICE_ACCOUNT_PREFIX).split(":")
-        if not username.startswith(SERVICE_ACCOUNT_PREFIX) or len(parts) != 2 or len(names) != 1 or len(uids) != 1:
-            raise Refused(403, "the token is not a service account token bound to a pod")
-        namespace, account = parts
-        caller = Caller(namespace, str(names[0]))
+        caller, uid, account = _bound_pod(status)
         pod = self._pod(caller)
-        self._may_ask(caller, pod, str(uids[0]), account)
+        self._may_ask(caller, pod, uid, account)
         named = pod_images(pod)
         for image in images:
             if normalise(image) not in named:
@@ -324,7 +329,18 @@ def parse_request(body: bytes, max_timeout: float) -> PullRequest:
         raise Refused(400, "the body is not JSON") from None
     if not isinstance(document, dict):
         raise Refused(400, "the body must be a JSON object with images, pullSecrets and timeoutSeconds")
-    images = document.get("images")
+    images = _images(document.get("images"))
+    secrets = document.get("pullSecrets", {})
+    if not isinstance(secrets, dict) or not all(isinstance(v, str) for v in secrets.values()):
+        raise Refused(400, "pullSecrets must be an object of secret name to .dockerconfigjson text")
+    timeout = document.get("timeoutSeconds", max_timeout)
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout < float("inf"):
+        raise Refused(400, "timeoutSeconds must be a positive number")
+    return PullRequest(images, {str(k): v.encode() for k, v in secrets.items()}, min(float(timeout), max_timeout))
+
+
+def _images(images: object) -> list[str]:
+    """The request's images: 1 to IMAGES_LIMIT references that parse."""
     if not isinstance(images, list) or not images or not all(isinstance(i, str) and i for i in images):
         raise Refused(400, "images must be a non-empty array of image references")
     if len(images) > IMAGES_LIMIT:
@@ -334,13 +350,7 @@ def parse_request(body: bytes, max_timeout: float) -> PullRequest:
             normalise(image)
         except InvalidReference as exc:
             raise Refused(400, f"images: {exc}") from None
-    secrets = document.get("pullSecrets", {})
-    if not isinstance(secrets, dict) or not all(isinstance(v, str) for v in secrets.values()):
-        raise Refused(400, "pullSecrets must be an object of secret name to .dockerconfigjson text")
-    timeout = document.get("timeoutSeconds", max_timeout)
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout < float("inf"):
-        raise Refused(400, "timeoutSeconds must be a positive number")
-    return PullRequest(list(images), {str(k): v.encode() for k, v in secrets.items()}, min(float(timeout), max_timeout))
+    return list(images)
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
@@ -399,7 +409,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
         results = [o.__dict__ for o in outcomes]
         self._answer(200, {"node": self.server.node, "runtime": self.server.runtime, "results": results})
 
-    def _pull(self) -> tuple[Caller, list[PullOutcome]]:
+    def _body(self) -> bytes:
+        """The request's JSON body, whole, within BODY_LIMIT."""
         if self.path != "/v1/pull":
             raise Refused(404, f"no such path {self.path[:100]}: POST /v1/pull")
         if self.headers.get_content_type() != "application/json":
@@ -413,6 +424,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
         body = self.rfile.read(int(length))
         if len(body) < int(length):
             raise Refused(400, "the body ended before its Content-Length")
+        return body
+
+    def _pull(self) -> tuple[Caller, list[PullOutcome]]:
+        body = self._body()
         self.server.head_done(self.connection)
         scheme, _, token = self.headers.get("Authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not token.strip() or len(token) > TOKEN_LIMIT:

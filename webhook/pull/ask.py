@@ -17,6 +17,7 @@ import ssl
 import threading
 import time
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from webhook.pull import keyring as keyrings
@@ -65,15 +66,7 @@ class Asker:
         """Each image's (image, result, attempts, seconds, error), and lines worth printing; PullError when
         the agent gave no usable answer."""
         secrets, problems = self._secrets()
-        try:
-            token = Path(self.token_file).read_text(encoding="ascii").strip()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise PullError(f"cannot read the token {self.token_file}: {exc}") from None
-        try:
-            context = ssl.create_default_context(cadata=self.ca_pem)
-        except (ssl.SSLError, ValueError) as exc:
-            raise PullError(f"the agent's CA bundle does not load: {exc}") from None
-        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        token, context = self._credentials()
         remaining = deadline - time.monotonic()
         body = json.dumps({"images": images, "pullSecrets": secrets, "timeoutSeconds": max(remaining - 1, 1)})
         where = f"the node agent at {self.host}:{self.port}"
@@ -93,21 +86,7 @@ class Asker:
         timer.daemon = True
         timer.start()
         try:
-            connection.connect()
-            if self.stopped or expired.is_set():  # cancelled while connecting, before there was a socket
-                raise TimeoutError
-            assert connection.sock is not None
-            connection.sock.settimeout(max(deadline - time.monotonic(), 0.001))
-            connection.request(
-                "POST",
-                "/v1/pull",
-                body=body.encode(),
-                headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"},
-            )
-            response = connection.getresponse()
-            raw = response.read(ANSWER_LIMIT + 1)
-            if len(raw) <= ANSWER_LIMIT and response.length:  # read() returns what came before an early close
-                raise http.client.IncompleteRead(raw, response.length)
+            status, raw = self._exchange(connection, body.encode(), token, deadline, expired)
         except ssl.SSLCertVerificationError as exc:
             raise PullError(f"{where} is not trusted: {exc.verify_message}") from None
         except (OSError, http.client.HTTPException) as exc:
@@ -119,21 +98,48 @@ class Asker:
             connection.close()
         if expired.is_set() or self.stopped:  # the answer was cut short
             raise PullError(f"{where} did not answer in time")
-        return self._results(response.status, raw, images, where), problems
+        return self._results(status, raw, images, where), problems
+
+    def _exchange(
+        self,
+        connection: http.client.HTTPSConnection,
+        body: bytes,
+        token: str,
+        deadline: float,
+        expired: threading.Event,
+    ) -> tuple[int, bytes]:
+        """One request and its whole answer (status, body read to its end, at most ANSWER_LIMIT + 1 bytes)."""
+        connection.connect()
+        if self.stopped or expired.is_set():  # cancelled while connecting, before there was a socket
+            raise TimeoutError
+        assert connection.sock is not None
+        connection.sock.settimeout(max(deadline - time.monotonic(), 0.001))
+        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token}"}
+        connection.request("POST", "/v1/pull", body=body, headers=headers)
+        response = connection.getresponse()
+        raw = response.read(ANSWER_LIMIT + 1)
+        if len(raw) <= ANSWER_LIMIT and response.length:  # read() returns what came before an early close
+            raise http.client.IncompleteRead(raw, response.length)
+        return response.status, raw
+
+    def _credentials(self) -> tuple[str, ssl.SSLContext]:
+        """The token to present and the context that verifies the agent; PullError when either is unusable."""
+        try:
+            token = Path(self.token_file).read_text(encoding="ascii").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise PullError(f"cannot read the token {self.token_file}: {exc}") from None
+        try:
+            context = ssl.create_default_context(cadata=self.ca_pem)
+        except (ssl.SSLError, ValueError) as exc:
+            raise PullError(f"the agent's CA bundle does not load: {exc}") from None
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        return token, context
 
     def _results(
         self, status: int, raw: bytes, images: list[str], where: str
     ) -> list[tuple[str, str, int, float, str]]:
-        if len(raw) > ANSWER_LIMIT:
-            raise PullError(f"{where} answered more than {ANSWER_LIMIT} bytes")
-        try:
-            answer = json.loads(raw)
-        except (ValueError, RecursionError):
-            raise PullError(f"{where} answered HTTP {status} that is not JSON") from None
-        if status != 200:
-            error = answer.get("error") if isinstance(answer, dict) else None
-            raise PullError(f"{where} refused: HTTP {status}: {error or 'no reason given'}")
-        results = answer.get("results") if isinstance(answer, dict) else None
+        answer = _answer(status, raw, where)
+        results = answer.get("results")
         if not isinstance(results, list) or len(results) != len(images):
             raise PullError(f"{where} answered without one result per image")
         outcomes = []
@@ -162,6 +168,21 @@ def _number(value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= MAX_NUMBER:
         return 0.0
     return float(value)
+
+
+def _answer(status: int, raw: bytes, where: str) -> dict[str, Any]:
+    """The agent's answer as a JSON object; PullError for one too large, not JSON, or a refusal."""
+    if len(raw) > ANSWER_LIMIT:
+        raise PullError(f"{where} answered more than {ANSWER_LIMIT} bytes")
+    try:
+        answer = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise PullError(f"{where} answered HTTP {status} that is not JSON") from None
+    if not isinstance(answer, dict):
+        answer = {}
+    if status != 200:
+        raise PullError(f"{where} refused: HTTP {status}: {answer.get('error') or 'no reason given'}")
+    return answer
 
 
 def ca_from_env(variable: str) -> str:
