@@ -1,4 +1,5 @@
-"""What the event-loop monitor (webhook/web/stalls.py) costs, in-process, on uvloop as the server runs it.
+"""What the event-loop monitor (webhook/web/stalls.py) costs, in-process, on uvloop as the server runs it (with
+the interpreter's switch interval the server sets when it has cluster access, as it has in a cluster).
 
     python bench/stalls_bench.py [--seconds 3] [--repeat 7]
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
+import sys
 import time
 import timeit
 from pathlib import Path
@@ -29,6 +31,7 @@ import uvloop
 from webhook.config import build_settings
 from webhook.web import stalls
 from webhook.web.metrics import Metrics
+from webhook.web.serve import SWITCH_INTERVAL
 from webhook.web.server import WebhookApp
 from webhook.web.stalls import INTERVAL, Beat, LoopMonitor
 
@@ -123,6 +126,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=7)
     args = parser.parse_args()
     stalls._Watchdog = _CountedWatchdog  # type: ignore[misc]
+    sys.setswitchinterval(SWITCH_INTERVAL)
     wake = statistics.median(one_wake_us() for _ in range(args.repeat))
     look = statistics.median(one_look_us() for _ in range(args.repeat))
     ratios, bare, watched, looks, watchdog_cpu = [], [], [], [], []
@@ -135,7 +139,10 @@ def main() -> None:
         looks.append(looked)
         watchdog_cpu.append(spent)
         ratios.append(with_monitor / without)
-    print(f"{args.repeat} pairs of {args.seconds:g} s runs, probe every {INTERVAL * 1000:g} ms")
+    print(
+        f"{args.repeat} pairs of {args.seconds:g} s runs, probe every {INTERVAL * 1000:g} ms, "
+        f"switch interval {SWITCH_INTERVAL * 1000:g} ms"
+    )
     print("| measure | median |")
     print("|---|---:|")
     print(f"| one probe wake-up alone | {wake:.2f} µs |")

@@ -106,12 +106,15 @@ class LoopMonitor:
         self._handle: asyncio.TimerHandle | None = None
         self._thread: threading.Thread | None = None
         self._loop_thread = 0
-        self._stop = threading.Event()
+        # Held while the watchdog runs; stop() releases it. The watchdog sleeps in its timed acquire: one step
+        # under the interpreter lock at each wake-up, where an Event's wait takes several (its condition's lock,
+        # a new waiter), each a hand-over of the interpreter lock by a busy loop thread (docs/performance.md).
+        self._running = threading.Lock()
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         """Start probing `loop`, which runs in the calling thread, and watching it."""
         self._call_later, self._loop_thread = loop.call_later, threading.get_ident()
-        self._stop.clear()
+        self._running.acquire()
         self._beat = Beat(time.monotonic() + self._interval, 0, 0.0, 0.0)
         self._handle = loop.call_later(self._interval, self._wake)
         self._thread = threading.Thread(target=self._watch, name="loop-watchdog", daemon=True)
@@ -121,8 +124,8 @@ class LoopMonitor:
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
-        self._stop.set()
         if self._thread is not None:
+            self._running.release()
             self._thread.join()
             self._thread = None
 
@@ -143,7 +146,8 @@ class LoopMonitor:
         while True:
             now = time.monotonic()
             planned = watchdog.check(self._beat, now, now - planned)
-            if self._stop.wait(max(planned - now, 0.0)):
+            if self._running.acquire(timeout=max(planned - now, 0.0)):
+                self._running.release()
                 return
 
     def loop_stack(self) -> str:
