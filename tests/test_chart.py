@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import helm_python as helm
+import jsonschema
 import kubernetes_validate
 import orjson
 import pytest
@@ -33,7 +34,38 @@ from webhook.web.metrics import Metrics
 CHART = Path(__file__).parent.parent / "deploy" / "helm" / "copilot-webhook"
 K8S_VERSIONS = ("1.29.0", "1.30.0", "1.33.0", "1.37.0")
 # cert-manager's and the Prometheus operator's kinds: no Kubernetes schema to check them against
-CRDS = {"Certificate", "Issuer", "ServiceMonitor", "PodMonitor"}
+CRDS = {"Certificate", "Issuer", "ServiceMonitor", "PodMonitor", "PrometheusRule"}
+# Those checked against their CRD's own schema, vendored as released (tests/crds/)
+CRD_FILES = {"PrometheusRule": "monitoring.coreos.com_prometheusrules.yaml"}
+
+
+def _strict(schema: Any) -> Any:
+    """The schema with unknown fields refused, as the API server's strict field validation refuses them (it would
+    otherwise prune them without a word)."""
+    if isinstance(schema, dict):
+        schema = {key: _strict(value) for key, value in schema.items()}
+        if "properties" in schema and "additionalProperties" not in schema:
+            schema["additionalProperties"] = False
+    elif isinstance(schema, list):
+        schema = [_strict(item) for item in schema]
+    return schema
+
+
+@functools.cache
+def _crd(kind: str) -> tuple[str, str, jsonschema.protocols.Validator]:
+    """The CRD's group, its stored version and a validator of that version's schema."""
+    crd = yaml.safe_load((Path(__file__).parent / "crds" / CRD_FILES[kind]).read_text())
+    assert crd["spec"]["names"]["kind"] == kind
+    (version,) = [v for v in crd["spec"]["versions"] if v["served"] and v["storage"]]
+    schema = _strict(version["schema"]["openAPIV3Schema"])
+    schema["properties"]["metadata"] = {"type": "object"}  # ObjectMeta: the API server's to check, not the CRD's
+    return crd["spec"]["group"], version["name"], jsonschema.Draft7Validator(schema)
+
+
+def validate_crd_object(obj: dict[str, Any]) -> None:
+    group, version, validator = _crd(obj["kind"])
+    assert obj["apiVersion"] == f"{group}/{version}"
+    validator.validate(obj)
 
 
 @functools.cache
@@ -93,6 +125,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "monitoring": {
             "serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"}},
             "podMonitor": {"enabled": True},
+            "prometheusRule": {"enabled": True, "labels": {"release": "prometheus"}},
             "grafanaDashboard": {"enabled": True, "namespace": "monitoring"},
         }
     },
@@ -155,6 +188,8 @@ def test_every_rendered_object_validates(variant: str, version: str) -> None:
         return
     objects = render(VARIANTS[variant], version)
     for obj in objects.values():
+        if obj["kind"] in CRD_FILES:
+            validate_crd_object(obj)
         if obj["kind"] in CRDS:
             continue
         kubernetes_validate.validate(obj, version, strict=True)
@@ -389,6 +424,9 @@ def test_tls_modes() -> None:
         ({"fullnameOverride": "1-webhook"}, "/fullnameOverride"),
         ({"fullnameOverride": "a" * 64}, "at '/fullnameOverride': maxLength"),
         ({"revisionHistoryLimit": -1}, "/revisionHistoryLimit"),
+        ({"monitoring": {"prometheusRule": {"severity": ""}}}, "/monitoring/prometheusRule/severity"),
+        ({"monitoring": {"prometheusRule": {"labels": {"release": 1}}}}, "/monitoring/prometheusRule/labels/release"),
+        ({"monitoring": {"prometheusRule": {"for": "1h"}}}, "additional properties 'for' not allowed"),
     ],
 )
 def test_bad_values_fail_through_the_schema(values: dict[str, Any], message: str) -> None:
@@ -637,6 +675,43 @@ def test_prometheus_operator_scrapes_the_plain_http_port() -> None:
         render({**VARIANTS["monitoring"], "server": {"metricsPort": 0}})
 
 
+def test_the_prometheus_rule_alerts_on_a_replica_that_keeps_stalling() -> None:
+    """Off by default; on, beside the ServiceMonitor's labels, it selects the release's replicas by namespace (the
+    label both monitors give every target) and reads only what the server exports. Its expression, timing and
+    labels are proven in Prometheus itself (tests/test_dashboard.py)."""
+    assert not [name for name in render() if name.startswith("PrometheusRule/")]
+    objects = render(VARIANTS["monitoring"], name="ops")
+    rule = objects["PrometheusRule/ops-copilot-webhook"]
+    assert rule["metadata"]["namespace"] == "flyte"
+    assert rule["metadata"]["labels"]["release"] == "prometheus"
+    validate_crd_object(rule)
+    (group,) = rule["spec"]["groups"]
+    (alert,) = group["rules"]
+    assert alert["alert"] == "CopilotWebhookEventLoopStalls"
+    assert alert["labels"] == {"severity": "warning"}
+    assert 'copilot_webhook_event_loop_stalls_total{namespace="flyte"}' in alert["expr"]
+    assert "Event-loop stalls" in alert["annotations"]["description"], "the section of docs/operations.md"
+    metrics = Metrics()
+    exported = set(re.findall(r"^(copilot_webhook_\w+)", metrics.render().decode(), re.MULTILINE))
+    assert set(re.findall(r"copilot_webhook_\w+", alert["expr"])) <= exported
+    paged = render({"monitoring": {"prometheusRule": {"enabled": True, "severity": "page"}}})
+    assert paged["PrometheusRule/cw-copilot-webhook"]["spec"]["groups"][0]["rules"][0]["labels"] == {"severity": "page"}
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"for": "15 minutes"}, "does not match"),
+        ({"severity": "warning"}, "Additional properties are not allowed"),
+    ],
+)
+def test_the_vendored_crd_schema_refuses_what_the_operator_would(change: dict[str, str], message: str) -> None:
+    rule = render(VARIANTS["monitoring"])["PrometheusRule/cw-copilot-webhook"]
+    rule["spec"]["groups"][0]["rules"][0].update(change)
+    with pytest.raises(jsonschema.ValidationError, match=message):
+        validate_crd_object(rule)
+
+
 def test_the_grafana_dashboard_reads_only_metrics_the_server_exports() -> None:
     """Every series a panel queries exists in the server's own /metrics, so no panel is silently empty."""
     dashboard_map = render(VARIANTS["monitoring"])["ConfigMap/cw-copilot-webhook-dashboard"]
@@ -649,6 +724,7 @@ def test_the_grafana_dashboard_reads_only_metrics_the_server_exports() -> None:
         counter.labels(*["x"] * len(counter._labelnames)).inc()
     metrics.undecided.labels("Ignore").inc()
     metrics.latency.labels("/mutate").observe(0.001)
+    metrics.event_loop_lag.observe(0.001)
     exported = set(re.findall(r"^(copilot_webhook_\w+)", metrics.render().decode(), re.MULTILINE))
     queried = {
         name
@@ -659,8 +735,9 @@ def test_the_grafana_dashboard_reads_only_metrics_the_server_exports() -> None:
     assert len(dashboard["panels"]) >= 8
     assert queried - exported == set()
     titles = " ".join(p["title"] for p in dashboard["panels"]).lower()
-    for topic in ("requests", "latency", "mutations", "skips", "undecided", "self-check", "expiry"):
+    for topic in ("requests", "latency", "mutations", "skips", "undecided", "self-check", "expiry", "event-loop lag"):
         assert topic in titles
+    assert "event-loop stalls" in titles
 
 
 def test_the_chart_owns_the_secret_without_writing_its_data() -> None:

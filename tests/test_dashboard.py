@@ -1,9 +1,10 @@
-"""The Grafana dashboard's queries, run by a real Prometheus (Debian's package) over the server's metrics as
-they arrive through the Prometheus operator's relabelling of the chart's ServiceMonitor. The operator adds
-target labels (`namespace`, `service`, `pod`, `container`, `job`, and `endpoint`: the port's name), and
-without honorLabels a label of ours with one of those names is renamed `exported_<name>`, so a panel that
-reads it reads the scrape's value instead of ours. `.ci/run` installs Prometheus; without it (a laptop) the
-test skips, and under CI=true a skip fails."""
+"""The Grafana dashboard's queries and the PrometheusRule's alerts, run by a real Prometheus (Debian's package)
+over the server's metrics as they arrive through the Prometheus operator's relabelling of the chart's
+ServiceMonitor. The operator adds target labels (`namespace`, `service`, `pod`, `container`, `job`, and
+`endpoint`: the port's name), and without honorLabels a label of ours with one of those names is renamed
+`exported_<name>`, so a panel that reads it reads the scrape's value instead of ours. The alerts' timing,
+labels and annotations are unit-tested by `promtool test rules` over synthetic series. `.ci/run` installs
+Prometheus (and promtool with it); without it (a laptop) the tests skip, and under CI=true a skip fails."""
 
 from __future__ import annotations
 
@@ -44,6 +45,9 @@ def _advance(metrics: Metrics) -> None:
     metrics.skip("image-puller", "not-copilot").inc()
     metrics.undecided.labels("Ignore").inc()
     metrics.bundle_repair()
+    metrics.event_loop_lag.observe(0.0004)
+    metrics.event_loop_lag.observe(0.3)
+    metrics.event_loop_stalls.inc(5)  # a replica that keeps stalling: its alert's expression holds
 
 
 @contextmanager
@@ -98,10 +102,10 @@ def _scrape_config(monitor: dict[str, Any], target: str) -> dict[str, Any]:
     }
 
 
-def _require_prometheus() -> str:
-    found = shutil.which("prometheus")
+def _require_prometheus(program: str = "prometheus") -> str:
+    found = shutil.which(program)
     if found is None:
-        message = "needs prometheus (Debian's package; .ci/run installs it)"
+        message = f"needs {program} (Debian's prometheus package; .ci/run installs it)"
         if os.environ.get("CI") == "true":
             pytest.fail(f"CI must run the dashboard test: {message}")
         pytest.skip(message)
@@ -163,7 +167,12 @@ def _exported_values(metrics: Metrics) -> dict[str, set[str]]:
     return values
 
 
-def test_every_panel_shows_the_servers_series_behind_the_prometheus_operator(tmp_path: Path) -> None:
+def _alerts(objects: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    rule = objects["PrometheusRule/cw-copilot-webhook"]
+    return [r for group in rule["spec"]["groups"] for r in group["rules"] if "alert" in r]
+
+
+def test_every_panel_and_alert_sees_the_servers_series_behind_the_prometheus_operator(tmp_path: Path) -> None:
     objects = render(VARIANTS["monitoring"])
     monitor = objects["ServiceMonitor/cw-copilot-webhook"]
     dashboard = orjson.loads(objects["ConfigMap/cw-copilot-webhook-dashboard"]["data"]["copilot-webhook.json"])
@@ -187,3 +196,58 @@ def test_every_panel_shows_the_servers_series_behind_the_prometheus_operator(tmp
                 for label in re.findall(r"\{\{(\w+)\}\}", target.get("legendFormat", "")):
                     shown = {s["metric"].get(label) for s in series}
                     assert shown <= exported.get(label, set()), (panel["title"], label, shown)
+        # The scrape stalls: each alert's expression holds, for the scraped replica, named by its target labels.
+        for alert in _alerts(objects):
+            (alerting,) = _query(api, alert["expr"])
+            assert alerting["metric"] == {"namespace": "flyte", "pod": "cw-copilot-webhook-7c9d8b6f5-x2k4q"}, alert
+
+
+def _stalls(pod: str, values: str, namespace: str = "flyte") -> dict[str, str]:
+    series = f'copilot_webhook_event_loop_stalls_total{{namespace="{namespace}", pod="{pod}"}}'
+    return {"series": series, "values": values}
+
+
+def test_the_stall_alert_fires_for_a_replica_that_keeps_stalling_only(tmp_path: Path) -> None:
+    """promtool evaluates the rendered rule minute by minute: a replica stalling once a minute is alerted on
+    after its 15 minutes pending; one burst (a relist) and another namespace's replica are not."""
+    promtool = _require_prometheus("promtool")
+    objects = render(VARIANTS["monitoring"])
+    rule = objects["PrometheusRule/cw-copilot-webhook"]
+    (alert,) = _alerts(objects)
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
+
+    def fired(pod: str) -> dict[str, Any]:
+        annotations = {
+            key: text.replace("{{ $labels.pod }}", pod)
+            .replace("{{ $labels.namespace }}", "flyte")
+            .replace("{{ $value | humanize }}", "10")
+            for key, text in alert["annotations"].items()
+        }
+        labels = {"namespace": "flyte", "pod": pod, "severity": "warning"}
+        return {"exp_labels": labels, "exp_annotations": annotations}
+
+    def at(minute: int, *pods: str) -> dict[str, Any]:
+        return {"eval_time": f"{minute}m", "alertname": alert["alert"], "exp_alerts": [fired(pod) for pod in pods]}
+
+    test = {
+        "rule_files": ["rules.yaml"],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [
+                    _stalls("steady", "0+1x60"),  # one stall a minute
+                    _stalls("burst", "0x4 20x55"),  # 20 in one minute, then none
+                    _stalls("quiet", "0x60"),
+                    _stalls("elsewhere", "0+1x60", namespace="other"),
+                ],
+                # Pending from about minute 4: not yet at 15, firing at 25 and still at 45; the burst never.
+                "alert_rule_test": [at(10), at(15), at(25, "steady"), at(45, "steady")],
+            }
+        ],
+    }
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump(test))
+    checked = subprocess.run([promtool, "check", "rules", "rules.yaml"], cwd=tmp_path, capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    tested = subprocess.run([promtool, "test", "rules", "test.yaml"], cwd=tmp_path, capture_output=True, text=True)
+    assert tested.returncode == 0, tested.stdout + tested.stderr
