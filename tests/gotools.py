@@ -94,6 +94,12 @@ TOOLS: dict[str, Tool] = {
             )
             for line, tag in (("1.15", "v1.15.3"), ("1.16", "v1.16.8"))
         ),
+        # Flyte 1.16.8's flytepropeller with the pod plugin alone, and Flyte's kubectl-flyte that compiles a
+        # workflow closure into a FlyteWorkflow, for the workflows of tests/test_kube_propeller.py.
+        Tool("flytepropeller-1.16", "tests/flyte/propeller", "."),
+        Tool(
+            "kubectl-flyte-1.16", "tests/flyte/propeller", "github.com/flyteorg/flyte/flytepropeller/cmd/kubectl-flyte"
+        ),
     )
 }
 
