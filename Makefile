@@ -49,6 +49,7 @@ pytest: $(BIN)/copilot-webhook
 
 bench-micro: $(BIN)/copilot-webhook
 	$(BIN)/python bench/plan_bench.py
+	$(BIN)/python bench/stalls_bench.py
 
 # Where one request's CPU goes: the server under wrk load, profiled by py-spy and sorted into parts.
 bench-profile: $(BIN)/copilot-webhook

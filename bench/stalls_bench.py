@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
+import itertools
 import statistics
 import sys
 import time
@@ -87,6 +89,8 @@ def answers_per_cpu_second(seconds: float, monitored: bool) -> tuple[float, floa
     """Answers per CPU-second of a loop doing nothing but admission; the watchdog's looks per second and its
     thread's CPU µs per second."""
     app = WebhookApp(build_settings({}), Metrics())
+    gc.collect()
+    gc.freeze()  # as the server does before it serves
 
     def write(_status: int, _body: bytes) -> None:
         pass
@@ -129,15 +133,23 @@ def main() -> None:
     sys.setswitchinterval(SWITCH_INTERVAL)
     wake = statistics.median(one_wake_us() for _ in range(args.repeat))
     look = statistics.median(one_look_us() for _ in range(args.repeat))
-    ratios, bare, watched, looks, watchdog_cpu = [], [], [], [], []
+    ratios, bare, watched, looks, watchdog_cpu, per_wake = [], [], [], [], [], []
     answers_per_cpu_second(1.0, monitored=True)  # warm-up
-    for _ in range(args.repeat):  # alternating, so the machine's load falls on both alike
-        without = answers_per_cpu_second(args.seconds, monitored=False)[0]
-        with_monitor, looked, spent = answers_per_cpu_second(args.seconds, monitored=True)
+    for pair in range(args.repeat):
+        # Side by side, and each first in every other pair: a drift of the process or the machine over the
+        # runs falls on both alike.
+        if pair % 2:
+            with_monitor, looked, spent = answers_per_cpu_second(args.seconds, monitored=True)
+            without = answers_per_cpu_second(args.seconds, monitored=False)[0]
+        else:
+            without = answers_per_cpu_second(args.seconds, monitored=False)[0]
+            with_monitor, looked, spent = answers_per_cpu_second(args.seconds, monitored=True)
         bare.append(without)
         watched.append(with_monitor)
         looks.append(looked)
         watchdog_cpu.append(spent)
+        marks = _CountedWatchdog.cpu
+        per_wake += [(b - a) * 1e6 for a, b in itertools.pairwise(marks)]
         ratios.append(with_monitor / without)
     print(
         f"{args.repeat} pairs of {args.seconds:g} s runs, probe every {INTERVAL * 1000:g} ms, "
@@ -149,6 +161,8 @@ def main() -> None:
     print(f"| one watchdog look alone (loop on time) | {look:.2f} µs |")
     print(f"| probe wake-ups per second | {1 / INTERVAL:.0f} |")
     print(f"| watchdog looks per second, loop saturated | {statistics.median(looks):.1f} |")
+    print(f"| watchdog thread's CPU per wake-up and look, loop saturated | {statistics.median(per_wake):.0f} µs |")
+    print(f"| the slowest of them | {max(per_wake):.0f} µs |")
     print(f"| watchdog thread's CPU per second, loop saturated | {statistics.median(watchdog_cpu):.0f} µs |")
     print(f"| /mutate/ptrace answers per CPU-second, without the monitor | {statistics.median(bare):,.0f} |")
     print(f"| /mutate/ptrace answers per CPU-second, with it | {statistics.median(watched):,.0f} |")
