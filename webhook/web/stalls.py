@@ -126,7 +126,8 @@ class LoopMonitor:
             self._handle = None
         if self._thread is not None:
             self._running.release()
-            self._thread.join()
+            # A watchdog held in a log write (the loop thread holding the handler's lock) must not hold the exit.
+            self._thread.join(timeout=1)
             self._thread = None
 
     def _wake(self) -> None:
