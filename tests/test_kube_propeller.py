@@ -261,7 +261,9 @@ def propeller_config(kubeconfig: Path, store: Path, events: Path) -> Obj:
     return {
         "propeller": {
             "kube-config": str(kubeconfig),
-            "workers": 4,
+            # One: the file event sink flushes its buffer outside its lock, and two workers publishing at once
+            # corrupt it (every later event fails with `short write`, and so does each workflow's round).
+            "workers": 1,
             "workflow-reeval-duration": "2s",
             "downstream-eval-duration": "2s",
             "limit-namespace": WORKFLOWS,
