@@ -27,6 +27,7 @@ from webhook.errors import ConfigError, DocumentError, InvalidReference
 from webhook.globs import glob_matcher
 from webhook.objects import JSONObject
 from webhook.references import parse
+from webhook.stamps import MISSING, Stamp, file_stamp
 
 ENV_PREFIX = "COPILOT_WEBHOOK_"
 CONFIG_ENV = "COPILOT_WEBHOOK_CONFIG"
@@ -263,15 +264,13 @@ class AgentSettings(_Section):
         return _read_pem(self.ca_file) if self.ca_file else None
 
 
-_PEM_CACHE: dict[str, tuple[tuple[int, int, int], str | None]] = {}
+_PEM_CACHE: dict[str, tuple[Stamp, str | None]] = {}
 
 
 def _read_pem(path: str) -> str | None:
-    try:
-        st = os.stat(path)
-    except OSError:
+    (stamp,) = file_stamp(path)
+    if stamp == MISSING:
         return None
-    stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
     cached = _PEM_CACHE.get(path)
     if cached is not None and cached[0] == stamp:
         return cached[1]

@@ -165,18 +165,19 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--parallel", type=int, default=4, help="pulls at once (default 4)")
     parser.add_argument("--backoff", type=float, default=1.0, help="first pause between attempts, doubled each time")
     parser.add_argument("--pull-secrets", help="directory of .dockerconfigjson files (the pod's imagePullSecrets)")
-    parser.add_argument(
-        "--pod-network-registry",
-        action="append",
-        default=[],
-        metavar="HOST",
-        help="pull this registry's images from inside the pod (containerd's native client; cri runtime only)",
+    add_registry_options(
+        parser, "pull this registry's images from inside the pod (containerd's native client; cri runtime only)"
     )
+    parser.add_argument("images", nargs="*")
+    return parser
+
+
+def add_registry_options(parser: argparse.ArgumentParser, pod_network_help: str) -> None:
+    """The options with_pod_network reads: the registries pulled from the pod's own network, and how."""
+    parser.add_argument("--pod-network-registry", action="append", default=[], metavar="HOST", help=pod_network_help)
     parser.add_argument("--registry-ca", action="append", default=[], metavar="HOST=ENV", help="CA bundle in $ENV")
     parser.add_argument("--registry-plain-http", action="append", default=[], metavar="HOST")
     parser.add_argument("--registry-skip-verify", action="append", default=[], metavar="HOST")
-    parser.add_argument("images", nargs="*")
-    return parser
 
 
 def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:

@@ -46,11 +46,12 @@ from types import FrameType
 from typing import Any
 
 from webhook.errors import InvalidReference
-from webhook.pull import MAX_TIMEOUT, Puller, PullOutcome, with_pod_network
+from webhook.pull import MAX_TIMEOUT, Puller, PullOutcome, add_registry_options, with_pod_network
 from webhook.pull.clients import Client, CRIClient, DockerClient
 from webhook.pull.keyring import Keyring
 from webhook.pull.kubeapi import APIError, KubeAPI
 from webhook.references import normalise
+from webhook.stamps import file_stamp
 
 log = logging.getLogger("copilot-webhook-agent")
 
@@ -559,19 +560,9 @@ class ReloadingContext:
         self._lock = threading.Lock()
         self.context()
 
-    def _stamps(self) -> tuple[tuple[int, int, int], ...]:
-        stamps = []
-        for path in (self.cert, self.key):
-            try:
-                st = os.stat(path)
-                stamps.append((st.st_ino, st.st_size, st.st_mtime_ns))
-            except OSError:
-                stamps.append((-1, -1, -1))
-        return tuple(stamps)
-
     def context(self) -> ssl.SSLContext:
         with self._lock:
-            stamp = self._stamps()
+            stamp = file_stamp(self.cert, self.key)
             if stamp != self._stamp or self._context is None:
                 self._stamp = stamp
                 context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -649,16 +640,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--api-ca-file", help="with --api-server: its CA")
     parser.add_argument("--api-token-file", help="with --api-server: a token to call it with")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    parser.add_argument(
-        "--pod-network-registry",
-        action="append",
-        default=[],
-        metavar="HOST",
-        help="pull this registry's images from inside the agent's pod (containerd's own client; containerd nodes)",
+    add_registry_options(
+        parser, "pull this registry's images from inside the agent's pod (containerd's own client; containerd nodes)"
     )
-    parser.add_argument("--registry-ca", action="append", default=[], metavar="HOST=ENV", help="CA bundle in $ENV")
-    parser.add_argument("--registry-plain-http", action="append", default=[], metavar="HOST")
-    parser.add_argument("--registry-skip-verify", action="append", default=[], metavar="HOST")
     return parser
 
 

@@ -33,11 +33,12 @@ from webhook.config import ServerSettings, Settings, load_settings
 from webhook.errors import ConfigError
 from webhook.preview.workers import no_cluster_export
 from webhook.review import no_cluster
+from webhook.stamps import file_stamp
 from webhook.web.connections import Limits, Unread, protocol_class
 from webhook.web.metrics import Metrics
 from webhook.web.server import DIRECT, MetricsApp, WebhookApp
 from webhook.web.stalls import LoopMonitor
-from webhook.web.tls import ReloadingTLS, TLSFiles, file_stamp
+from webhook.web.tls import ReloadingTLS, TLSFiles
 
 log = logging.getLogger(__name__)
 

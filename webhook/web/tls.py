@@ -9,7 +9,6 @@ afterwards use the new context; connections in flight keep their session.
 from __future__ import annotations
 
 import logging
-import os
 import ssl
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -17,23 +16,11 @@ from pathlib import Path
 
 from cryptography import x509
 
+from webhook.stamps import file_stamp
+
 log = logging.getLogger(__name__)
 
 _VERSIONS = {"1.2": ssl.TLSVersion.TLSv1_2, "1.3": ssl.TLSVersion.TLSv1_3}
-
-
-def file_stamp(*paths: str | None) -> tuple[tuple[int, int, int], ...]:
-    stamps = []
-    for path in paths:
-        if path is None:
-            continue
-        try:
-            st = os.stat(path)
-        except OSError:
-            stamps.append((-1, -1, -1))
-        else:
-            stamps.append((st.st_ino, st.st_size, st.st_mtime_ns))
-    return tuple(stamps)
 
 
 @dataclass(frozen=True)
