@@ -42,7 +42,7 @@ from tests.gotools import binary
 from tests.image_builds import build_targets, start_builder
 from tests.kube_support import FAIL, ChartPods, Kube, KubeError, release
 from tests.node import Node, NodeRegistry, node, node_registry
-from tests.node_fixtures import import_images
+from tests.node_fixtures import Images, import_dockerfile_images
 from tests.test_kube_install import PRIVILEGED
 
 NAMESPACE = "cwbench"
@@ -76,9 +76,9 @@ def _image(the_node: Node, registry: NodeRegistry, work: Path, repository: str, 
     return registry.push(layout, tag, repository)
 
 
-def _values(the_node: Node, images: dict[str, str], mode: str) -> Obj:
-    repository, tag = f"docker.io/library/{images['webhook']}".rsplit(":", 1)
-    puller = f"docker.io/library/{images['puller']}"
+def _values(the_node: Node, images: Images, mode: str) -> Obj:
+    repository, tag = images.webhook.rsplit(":", 1)
+    puller = images.puller
     return {
         "image": {"repository": repository, "tag": tag, "pullPolicy": "IfNotPresent"},
         "imagePuller": {
@@ -141,7 +141,7 @@ def _agent_ready(kube: Kube, the_node: Node, timeout: float = 180) -> None:
 
 
 @contextlib.contextmanager
-def _cluster(work: Path) -> Iterator[tuple[Kube, Node, dict[str, str]]]:
+def _cluster(work: Path) -> Iterator[tuple[Kube, Node, Images]]:
     etcd, apiserver, controllers = binary("etcd"), binary("kube-apiserver"), binary("kube-controller-manager")
     kubelet, proxy = binary("kubelet"), binary("kube-proxy")
     node_work = Path(f"/tmp/cwb-{os.getpid()}")  # unix socket paths are limited to 108 bytes
@@ -152,8 +152,7 @@ def _cluster(work: Path) -> Iterator[tuple[Kube, Node, dict[str, str]]]:
         start_builder(work / "builder") as builder,
         node(plane, node_work, kubelet, controllers, proxy) as the_node,
     ):
-        images = build_targets(work / "images", builder)
-        import_images(the_node, work, builder, list(images.values()))
+        images = import_dockerfile_images(the_node, work, builder, build_targets(work / "images", builder))
         kube = Kube(plane)
         try:
             yield kube, the_node, images

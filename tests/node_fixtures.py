@@ -9,7 +9,8 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from tests.controlplane import ControlPlane
@@ -45,3 +46,19 @@ def import_images(the_node: Node, work: Path, builder: ImageBuilder, tags: list[
         timeout=600,
     )
     the_node.import_image(archive)
+
+
+@dataclass
+class Images:
+    """The Dockerfile's targets by the names the node's containerd holds them under."""
+
+    puller: str
+    webhook: str
+
+
+def import_dockerfile_images(
+    the_node: Node, work: Path, builder: ImageBuilder, targets: dict[str, str], others: Sequence[str] = ()
+) -> Images:
+    """The Dockerfile's targets (`dockerfile_images`: tag by target) and `others` imported into the node."""
+    import_images(the_node, work, builder, [*targets.values(), *others])
+    return Images(f"docker.io/library/{targets['puller']}", f"docker.io/library/{targets['webhook']}")

@@ -44,6 +44,7 @@ from tests.daemons import (
 from tests.kube_support import Kube, wait_for
 from tests.server_process import free_port, stop_process
 from tests.support import child_env
+from tests.test_pull_daemons import Run  # the puller's lines, read as the socket mode's tests read them
 from webhook.config import build_settings
 from webhook.mutation.puller import SECRETS_PATH, TOKEN_PATH, agent_container
 
@@ -228,19 +229,6 @@ def _unbound_token(cluster: Cluster) -> str:
     answer = cluster.kube.create(f"/api/v1/namespaces/{APPS}/serviceaccounts/app/token", {"spec": spec})
     token: str = answer["status"]["token"]
     return token
-
-
-@dataclass
-class Run:
-    code: int
-    lines: list[str]
-    seconds: float
-
-    def result(self, image: str) -> dict[str, str]:
-        line = next(ln for ln in self.lines if ln.startswith(f"image={image} "))
-        head, _, error = line.partition(" error=")
-        fields = dict(part.split("=", 1) for part in head.split())
-        return fields | ({"error": error} if error else {})
 
 
 def _client(

@@ -26,7 +26,7 @@ from tests.controlplane import ControlPlane
 from tests.image_builds import ImageBuilder
 from tests.kube_support import FAIL, ChartPods, Kube, KubeError, Obj, events, pods_left, release, started, wait_pod
 from tests.node import Node, publish_namespace_endpoint
-from tests.node_fixtures import import_images, running_node
+from tests.node_fixtures import Images, import_dockerfile_images, running_node
 from tests.test_kube_install import PRIVILEGED
 
 NAMESPACE = "cwagent"  # the release's: it must admit the agent's hostPath
@@ -53,12 +53,6 @@ def the_node(kube: ControlPlane, hardened: None) -> Iterator[Node]:
     yield from running_node(kube, "dockerd", "docker", "mmdebstrap", "skopeo", "umoci", "docker-registry")
 
 
-@dataclass
-class Images:
-    puller: str
-    webhook: str
-
-
 @pytest.fixture(scope="module")
 def images(
     the_node: Node,
@@ -66,11 +60,7 @@ def images(
     dockerfile_images: dict[str, str],
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Images:
-    work = tmp_path_factory.mktemp("agent-images")
-    import_images(the_node, work, image_builder, list(dockerfile_images.values()))
-    return Images(
-        f"docker.io/library/{dockerfile_images['puller']}", f"docker.io/library/{dockerfile_images['webhook']}"
-    )
+    return import_dockerfile_images(the_node, tmp_path_factory.mktemp("agent-images"), image_builder, dockerfile_images)
 
 
 @dataclass

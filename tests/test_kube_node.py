@@ -42,7 +42,7 @@ from tests.kube_support import (
     wait_pod,
 )
 from tests.node import Node, NodeRegistry, node_registry
-from tests.node_fixtures import import_images, running_node
+from tests.node_fixtures import Images, import_dockerfile_images, running_node
 from tests.support import load_yaml
 
 NAMESPACE = "cwnode"  # the release's (never sent to the webhook)
@@ -59,12 +59,6 @@ def the_node(kube: ControlPlane) -> Iterator[Node]:
     yield from running_node(kube, "dockerd", "docker", "mmdebstrap", "skopeo", "umoci", "docker-registry", "htpasswd")
 
 
-@dataclass
-class Images:
-    puller: str
-    webhook: str
-
-
 @pytest.fixture(scope="module")
 def images(
     the_node: Node,
@@ -75,10 +69,7 @@ def images(
     """The Dockerfile's targets (built once for the session) and the Flyte stand-ins, imported into the node."""
     work = tmp_path_factory.mktemp("node-images")
     standins = _build_standins(work, image_builder.base, image_builder.env)
-    import_images(the_node, work, image_builder, [*dockerfile_images.values(), *standins])
-    return Images(
-        f"docker.io/library/{dockerfile_images['puller']}", f"docker.io/library/{dockerfile_images['webhook']}"
-    )
+    return import_dockerfile_images(the_node, work, image_builder, dockerfile_images, standins)
 
 
 def _build_standins(work: Path, base: str, env: dict[str, str]) -> list[str]:

@@ -39,8 +39,6 @@ import yaml
 from tests.controlplane import ControlPlane
 from tests.image_builds import ImageBuilder
 from tests.kube_support import (
-    FAIL,
-    PRIVILEGED_BY_DEFAULT,
     ChartPods,
     Kube,
     KubeError,
@@ -53,7 +51,7 @@ from tests.kube_support import (
 from tests.node import Node
 from tests.node_fixtures import import_images, running_node
 from tests.server_process import free_port, stop_process
-from tests.test_kube_copilot import _decisions, floats
+from tests.test_kube_copilot import _decisions, _values, floats  # the same release values per setting
 
 HERE = Path(__file__).parent
 CONTEXT = HERE / "node" / "copilot"
@@ -355,15 +353,6 @@ def images(the_node: Node, tools: Tools, image_builder: ImageBuilder, tmp_path_f
             check=True, capture_output=True, env=image_builder.env, timeout=300,
         )  # fmt: skip
     import_images(the_node, work, image_builder, [TASK_IMAGE, COPILOT_IMAGE])
-
-
-def _values(setting: str) -> Obj:
-    return {
-        "ptrace": SETTINGS[setting],
-        "imagePuller": {"enabled": False},
-        "podSecurity": PRIVILEGED_BY_DEFAULT,
-        **FAIL,
-    }
 
 
 @pytest.fixture(scope="module")
