@@ -1,22 +1,31 @@
 """The FastAPI part of the HTTP API: /preview's typed parameters and error contract, the OpenAPI
-description (the whole API, /mutate* included), and /docs rendered by a real headless browser (Debian's
-Chromium) with every host but the server's shut out, so a page that needed a CDN would stay blank."""
+description (the whole API, /mutate* included) held to what the server answers, GET /, and /docs rendered
+and used ("Try it out") by a real headless browser (Debian's Chromium) with every host but the server's shut
+out, so a page that needed a CDN would stay blank."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import re
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
+import jsonschema
+import orjson
 import pytest
 import yaml
 
-from tests.asgi import call
+from tests.asgi import call, post_json
 from tests.daemons import require
 from tests.server_process import Server, running_server
-from tests.support import PODS
+from tests.support import PODS, load_yaml, review
 from webhook.config import build_settings
+from webhook.errors import PreviewFailed
+from webhook.web.api import FLYTE_POD, FLYTE_POD_YAML
+from webhook.web.middleware import JSON, YAML_TYPES
 from webhook.web.server import WebhookApp
 
 APP = WebhookApp(build_settings({}))
@@ -34,7 +43,7 @@ def _openapi() -> dict[str, Any]:
 def test_the_openapi_description_covers_the_whole_api() -> None:
     spec = _openapi()
     assert spec["openapi"].startswith("3.")
-    assert set(spec["paths"]) >= {"/preview", "/mutate", "/mutate/ptrace", "/mutate/image-puller", "/healthz",
+    assert set(spec["paths"]) >= {"/", "/preview", "/mutate", "/mutate/ptrace", "/mutate/image-puller", "/healthz",
                                   "/readyz", "/metrics"}  # fmt: skip
     parameters = {p["name"]: p for p in spec["paths"]["/preview"]["post"]["parameters"]}
     assert set(parameters) == {"output", "runtime", "node", "namespace", "podSecurity"}
@@ -72,9 +81,211 @@ def test_preview_keeps_its_error_contract_under_fastapi() -> None:
     assert good.headers["content-type"] == "application/json-patch+json"
 
 
+def test_no_phantom_validation_error_is_documented() -> None:
+    """FastAPI documents a 422 "Validation Error" of its own on an operation with parameters; /preview answers
+    a bad parameter 400 and its 422 in the `{"error": ...}` form, as documented."""
+    spec = _openapi()
+    assert not {"HTTPValidationError", "ValidationError"} & set(spec["components"]["schemas"])
+    assert "ValidationError" not in json.dumps(spec)
+    refused = spec["paths"]["/preview"]["post"]["responses"]["422"]
+    assert refused["content"] == {JSON: {"schema": {"$ref": "#/components/schemas/Error"}}}
+    bad = call(APP, "POST", "/preview?podSecurity=none", POD_YAML, content_type="application/yaml")
+    assert (bad.status_code, list(bad.json())) == (400, ["error"])
+
+
+# --- every documented answer, given by the server in its documented shape -----------------------------------
+
+
+class Answer(NamedTuple):
+    status: int
+    media_type: str
+    headers: dict[str, str]
+    body: bytes
+
+
+def _answer(res: Any) -> Answer:
+    media = res.headers.get("content-type", "").split(";")[0].strip()
+    return Answer(res.status_code, media, dict(res.headers), res.content)
+
+
+def _raw(app: WebhookApp, path: str, receive: Any, content_type: str = JSON) -> Answer:
+    """POST straight through the ASGI app with this receive (a body that never comes)."""
+    scope = {
+        "type": "http", "method": "POST", "path": path, "raw_path": path.encode(), "query_string": b"",
+        "headers": [(b"content-type", content_type.encode())],
+    }  # fmt: skip
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    asyncio.run(app(scope, receive, send))
+    start, body = sent
+    headers = {k.decode(): v.decode() for k, v in start["headers"]}
+    return Answer(start["status"], headers.get("content-type", "").split(";")[0], headers, body["body"])
+
+
+async def _never() -> dict[str, Any]:
+    await asyncio.Event().wait()
+    raise AssertionError("unreachable")
+
+
+def _late(path: str) -> Answer:
+    return _raw(WebhookApp(build_settings({"server": {"deadlineSeconds": 0.2}})), path, _never)
+
+
+def _preview(query: str = "", body: bytes = POD_YAML, content_type: str = "application/yaml") -> Answer:
+    return _answer(call(APP, "POST", f"/preview{query}", body, content_type=content_type))
+
+
+def _busy() -> Answer:
+    app = WebhookApp(build_settings({}))
+    held = [app.previewer.take() for _ in range(app.previewer.slots)]
+    try:
+        return _raw(app, "/preview", _never, "application/yaml")
+    finally:
+        for worker in held:
+            assert worker is not None
+            app.previewer.give_back(worker)
+
+
+def _killer() -> Answer:
+    """What the gate answers when the pool reports that the document killed its worker twice
+    (test_preview_worker_deaths.py kills real workers)."""
+    app = WebhookApp(build_settings({}))
+
+    def run(*_args: Any, **_kwargs: Any) -> Any:
+        raise PreviewFailed(422, "the document made the preview worker die: killed by SIGKILL, twice")
+
+    app.previewer.run = run  # type: ignore[method-assign]
+    return _answer(call(app, "POST", "/preview", POD_YAML, content_type="application/yaml"))
+
+
+def _mutate(path: str) -> dict[str, list[Callable[[], Answer]]]:
+    small = WebhookApp(build_settings({"server": {"maxBodyBytes": 1024}}))
+    return {
+        f"POST {path} 200": [lambda: _answer(post_json(APP, path, review(yaml.safe_load(POD_YAML))))],
+        f"POST {path} 400": [lambda: _answer(post_json(APP, path, {"kind": "AdmissionReview"}))],
+        f"POST {path} 408": [lambda: _late(path)],
+        f"POST {path} 413": [lambda: _answer(call(small, "POST", path, b" " * 2048, content_type=JSON))],
+        f"POST {path} 415": [lambda: _answer(call(APP, "POST", path, b"{}", content_type="text/plain"))],
+    }
+
+
+ANSWERS: dict[str, list[Callable[[], Answer]]] = {
+    "GET / 200": [lambda: _answer(call(APP, "GET", "/"))],
+    "POST /preview 200": [
+        *(lambda output=output: _preview(f"?output={output}") for output in ("json", "patch", "yaml", "diff")),
+        lambda: _preview("?output=patch", POD_YAML + b"---\n" + POD_YAML),
+        lambda: _preview("", POD_YAML + b"---\n" + POD_YAML),
+    ],
+    "POST /preview 400": [lambda: _preview("?output=xml"), lambda: _preview("", b"kind: 3\n")],
+    "POST /preview 404": [
+        lambda: _answer(call(WebhookApp(build_settings({"preview": {"enabled": False}})), "POST", "/preview"))
+    ],
+    "POST /preview 408": [lambda: _late("/preview")],
+    "POST /preview 413": [lambda: _preview("", b"x" * (1024 * 1024 + 1))],
+    "POST /preview 415": [lambda: _preview("", POD_YAML, "text/plain")],
+    "POST /preview 422": [_killer],
+    "POST /preview 503": [_busy],
+    **_mutate("/mutate"),
+    **_mutate("/mutate/ptrace"),
+    **_mutate("/mutate/image-puller"),
+    "GET /healthz 200": [lambda: _answer(call(APP, "GET", "/healthz"))],
+    "GET /readyz 200": [lambda: _answer(call(APP, "GET", "/readyz"))],
+    "GET /readyz 503": [
+        lambda: _answer(call(WebhookApp(build_settings({}), readiness=[lambda: "caches not listed"]), "GET", "/readyz"))
+    ],
+    "GET /metrics 200": [lambda: _answer(call(APP, "GET", "/metrics"))],
+}
+
+
+def _documented(spec: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {
+        f"{method.upper()} {path} {status}": response
+        for path, operations in spec["paths"].items()
+        for method, operation in operations.items()
+        for status, response in operation["responses"].items()
+    }
+
+
+def test_every_documented_status_is_one_the_server_answers_and_the_reverse() -> None:
+    assert set(_documented(_openapi())) == set(ANSWERS)
+
+
+def _body(answer: Answer) -> Any:
+    if answer.media_type == JSON or answer.media_type.endswith("+json"):
+        return orjson.loads(answer.body)
+    return answer.body.decode()
+
+
+@pytest.mark.parametrize("documented", sorted(ANSWERS))
+def test_every_answer_has_its_documented_shape(documented: str) -> None:
+    spec = _openapi()
+    response = _documented(spec)[documented]
+    media_types = set()
+    for provoke in ANSWERS[documented]:
+        answer = provoke()
+        assert str(answer.status) == documented.rsplit(" ", 1)[1], answer
+        assert answer.media_type in response["content"], answer
+        media_types.add(answer.media_type)
+        schema = {"components": spec["components"], **response["content"][answer.media_type]["schema"]}
+        jsonschema.Draft202012Validator.check_schema(schema)
+        jsonschema.validate(_body(answer), schema, cls=jsonschema.Draft202012Validator)
+        required = [name for name, header in response.get("headers", {}).items() if header.get("required")]
+        assert all(name.lower() in answer.headers for name in required), (required, answer.headers)
+    assert media_types == set(response["content"]), "each documented form given"
+
+
+def test_the_schemas_refuse_what_is_not_an_answer() -> None:
+    """The shapes are not vacuous: a key too many, or one missing, is refused."""
+    spec = _openapi()
+    schemas = spec["components"]["schemas"]
+    answer = orjson.loads(_preview().body)
+    for wrong in ({**answer, "extra": 1}, {k: v for k, v in answer.items() if k != "decisions"}):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(wrong, {"components": spec["components"], **schemas["PreviewObject"]})
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"detail": []}, {"components": spec["components"], **schemas["Error"]})
+
+
+# --- the request body's examples, and GET / ---------------------------------------------------------------------
+
+
+def test_the_request_body_takes_every_type_the_gate_reads_and_each_example_is_a_working_flyte_pod() -> None:
+    body = _openapi()["paths"]["/preview"]["post"]["requestBody"]
+    assert set(body["content"]) == {JSON, *YAML_TYPES} >= {"application/yaml", "text/yaml"}
+    assert next(iter(body["content"])) == JSON, "Swagger UI offers the first type first"
+    example = yaml.safe_load(Path(__file__).parent.parent.joinpath("examples", "flyte-1.15-pod.yaml").read_text())
+    assert FLYTE_POD == example == yaml.safe_load(FLYTE_POD_YAML)
+    assert load_yaml(PODS.parent / "flyte-src-1.15-io.yaml") == example
+    for media, content in body["content"].items():
+        (shown,) = content["examples"].values()
+        sent = orjson.dumps(shown["value"]) if media == JSON else shown["value"].encode()
+        answer = call(APP, "POST", "/preview", sent, content_type=media)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["decisions"]["ptrace"] == "add:primary"
+        assert answer.json()["patch"]
+
+
+def test_the_root_points_at_the_docs_and_lists_the_endpoints() -> None:
+    res = call(APP, "GET", "/")
+    assert res.status_code == 200
+    index = res.json()
+    assert (index["docs"], index["openapi"]) == ("/docs", "/openapi.json")
+    assert {"POST /preview", "POST /mutate", "GET /healthz", "GET /docs", "GET /openapi.json"} <= set(
+        index["endpoints"]
+    )
+    assert "/" not in {e.split()[1] for e in index["endpoints"]}
+    head = call(APP, "HEAD", "/")
+    assert (head.status_code, head.headers["content-type"], head.content) == (200, "application/json", b"")
+    assert 'copilot_webhook_requests_total{path="/docs",result="ok"}' in call(APP, "GET", "/metrics").text
+
+
 @pytest.mark.parametrize(
     ("path", "allow"),
     [
+        ("/", "GET, HEAD"),
         ("/openapi.json", "GET, HEAD"),
         ("/docs", "GET"),
         ("/docs/oauth2-redirect", "GET"),
