@@ -6,10 +6,15 @@ out, so a page that needed a CDN would stay blank."""
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
+import os
 import re
+import select
 import subprocess
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -319,22 +324,180 @@ def served(tls_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
         yield server
 
 
+# Every name resolves to nothing and every connection but the server's goes to a dead proxy.
+OFFLINE = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--ignore-certificate-errors",
+    "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
+    "--proxy-server=127.0.0.1:9", "--proxy-bypass-list=127.0.0.1",
+]  # fmt: skip
+WAIT = 90.0  # seconds for any one step of the page, on a loaded two-core machine
+
+
+def _high(fd: int) -> int:
+    """The same pipe end at a number above 9, clear of the 3 and 4 Chromium's pipe is moved to (by bash:
+    dash redirects only single-digit descriptors)."""
+    high = fcntl.fcntl(fd, fcntl.F_DUPFD, 10)
+    os.close(fd)
+    return high
+
+
+class Page:
+    """A Chromium tab driven through the DevTools protocol on a pipe (--remote-debugging-pipe: commands in on
+    fd 3, answers and events out on fd 4, each a JSON text ending in NUL): no driver package, no port."""
+
+    def __init__(self, commands: int, answers: int) -> None:
+        self._commands, self._answers = commands, answers
+        self._buffer = b""
+        self._last = 0
+        self.session = ""
+
+    def send(self, method: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
+        self._last += 1
+        message: dict[str, Any] = {"id": self._last, "method": method, "params": params or {}}
+        if self.session:
+            message["sessionId"] = self.session
+        os.write(self._commands, json.dumps(message).encode() + b"\0")
+        deadline = time.monotonic() + WAIT
+        while True:
+            answer = self._next(deadline)
+            if answer.get("id") == self._last:
+                assert "error" not in answer, (method, answer["error"])
+                result: dict[str, Any] = answer["result"]
+                return result
+
+    def _next(self, deadline: float) -> dict[str, Any]:
+        while b"\0" not in self._buffer:
+            left = deadline - time.monotonic()
+            assert left > 0, "Chromium did not answer in time"
+            if select.select([self._answers], [], [], left)[0]:
+                chunk = os.read(self._answers, 1 << 16)
+                assert chunk, "Chromium closed its pipe"
+                self._buffer += chunk
+        message, _, self._buffer = self._buffer.partition(b"\0")
+        found: dict[str, Any] = json.loads(message)
+        return found
+
+    def evaluate(self, script: str) -> Any:
+        result = self.send("Runtime.evaluate", {"expression": script, "returnByValue": True})
+        assert "exceptionDetails" not in result, result["exceptionDetails"]
+        return result["result"].get("value")
+
+    def until(self, script: str, what: str) -> Any:
+        """The script's value once it is truthy: the page is polled until then, for at most WAIT seconds."""
+        deadline = time.monotonic() + WAIT
+        while not (value := self.evaluate(script)):
+            if time.monotonic() > deadline:
+                text = self.evaluate("document.body ? document.body.innerText.slice(0, 3000) : ''")
+                raise AssertionError(f"{what}: not within {WAIT:g} s; the page says:\n{text}")
+            time.sleep(0.2)
+        return value
+
+
+@contextmanager
+def _browser(url: str, profile: Path) -> Iterator[Page]:
+    into_r, into_w = (_high(fd) for fd in os.pipe())
+    out_r, out_w = (_high(fd) for fd in os.pipe())
+    process = subprocess.Popen(
+        ["bash", "-c", f'exec "$0" "$@" 3<&{into_r} 4>&{out_w} {into_r}<&- {out_w}>&-', "chromium", *OFFLINE,
+         f"--user-data-dir={profile}", "--remote-debugging-pipe", "about:blank"],
+        pass_fds=(into_r, out_w), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    os.close(into_r)
+    os.close(out_w)
+    page = Page(into_w, out_r)
+    try:
+        target = page.send("Target.createTarget", {"url": "about:blank"})["targetId"]
+        page.session = page.send("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
+        page.send("Page.navigate", {"url": url})
+        yield page
+    finally:
+        page.session = ""
+        with suppress(OSError, AssertionError, subprocess.TimeoutExpired):  # it may be gone already
+            page.send("Browser.close")
+            process.wait(timeout=30)
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        os.close(into_w)
+        os.close(out_r)
+
+
+OPERATION = "#operations-default-preview_preview_post"
+_CHOOSE = """(() => {{
+    const select = document.querySelector({where!r});
+    if (!select) return false;
+    Object.getOwnPropertyDescriptor(HTMLSelectElement.prototype, "value").set.call(select, {value!r});
+    select.dispatchEvent(new Event("change", {{bubbles: true}}));
+    return select.value === {value!r};
+}})()"""
+_CLICK = "(() => {{ const found = document.querySelector({where!r}); if (found) found.click(); return !!found; }})()"
+_TEXT = "(() => {{ const found = document.querySelector({where!r}); return found ? {what} : ''; }})()"
+
+
+def _click(page: Page, where: str) -> None:
+    page.until(_CLICK.format(where=f"{OPERATION} {where}"), f"a {where} to click")
+
+
+def _choose(page: Page, where: str, value: str) -> None:
+    page.until(_CHOOSE.format(where=f"{OPERATION} {where}", value=value), f"{value} chosen in {where}")
+
+
+def _text(page: Page, where: str, what: str = "found.textContent") -> str:
+    return str(page.evaluate(_TEXT.format(where=f"{OPERATION} {where}", what=what)))
+
+
+def _executed(page: Page) -> tuple[str, str]:
+    """Execute, then the status and the response (body and headers) Swagger UI shows."""
+    _click(page, "button.execute")
+    shown = _TEXT.format(
+        where=f"{OPERATION} .live-responses-table tr.response .response-col_status", what="found.textContent"
+    )
+    page.until(shown, "a response shown")
+    status = _text(page, ".live-responses-table tr.response .response-col_status").strip()
+    return status, _text(page, ".live-responses-table tr.response .response-col_description")
+
+
 def test_docs_render_in_a_headless_browser_without_network(served: Server, tmp_path: Path) -> None:
     require("chromium")
-    dom = subprocess.run(
-        [
-            "chromium", "--headless", "--no-sandbox", "--disable-gpu", "--ignore-certificate-errors",
-            f"--user-data-dir={tmp_path / 'profile'}",
-            # Every name resolves to nothing and every connection but the server's goes to a dead proxy.
-            "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
-            "--proxy-server=127.0.0.1:9", "--proxy-bypass-list=127.0.0.1",
-            "--virtual-time-budget=20000", "--dump-dom", f"{served.url}/docs",
-        ],
-        capture_output=True, text=True, timeout=120, check=False,
-    ).stdout  # fmt: skip
-    rendered = set(re.findall(r'data-path="([^"]+)"', dom))
-    assert {"/preview", "/mutate", "/mutate/ptrace", "/mutate/image-puller", "/healthz"} <= rendered, dom[:2000]
-    assert "copilot-webhook" in dom
+    with _browser(f"{served.url}/docs", tmp_path / "profile") as page:
+        paths = "[...document.querySelectorAll('[data-path]')].map(e => e.dataset.path)"
+        page.until(f"{paths}.includes('/metrics')", "the operations listed")
+        rendered = set(page.evaluate(paths))
+        assert rendered >= {"/", "/preview", "/mutate", "/mutate/ptrace", "/mutate/image-puller", "/healthz"}
+        assert "copilot-webhook" in page.evaluate("document.querySelector('.info .title').textContent")
+
+
+def test_try_it_out_previews_the_example_pod_as_json_and_as_yaml(served: Server, tmp_path: Path) -> None:
+    """In Swagger UI as a person uses it: open /preview, Try it out, Execute the example as it is shown (JSON,
+    the first type), then choose YAML and output=patch and Execute again."""
+    require("chromium")
+    with _browser(f"{served.url}/docs", tmp_path / "profile") as page:
+        _click(page, ".opblock-summary-control")
+        _click(page, ".try-out__btn")
+        body = page.until(
+            _TEXT.format(where=f"{OPERATION} textarea.body-param__text", what="found.value"), "the example body"
+        )
+        assert json.loads(body) == FLYTE_POD
+        status, shown = _executed(page)
+        assert status == "200", shown
+        assert '"ptrace": "add:primary"' in shown
+        assert "copilot-webhook-image-puller" in shown, "the patch adds the puller"
+        assert "ptrace=add:primary;image-puller=containerd:/run/containerd/containerd.sock" in shown, "header"
+
+        _click(page, ".btn-clear")
+        page.until(f"!document.querySelector('{OPERATION} .live-responses-table')", "the response cleared")
+        _choose(page, ".opblock-section-request-body select", "application/yaml")
+        yaml_shown = "found.value.startsWith('apiVersion: v1')"
+        page.until(_TEXT.format(where=f"{OPERATION} textarea.body-param__text", what=yaml_shown), "the YAML example")
+        assert yaml.safe_load(_text(page, "textarea.body-param__text", "found.value")) == FLYTE_POD
+        _choose(page, "tr[data-param-name='output'] select", "patch")
+        status, shown = _executed(page)
+        assert status == "200", shown
+        assert "output=patch" in _text(page, ".request-url")
+        assert "Content-Type: application/yaml" in _text(page, ".curl-command")
+        patch = _text(page, ".live-responses-table tr.response .response-col_description .highlight-code")
+        assert '"path": "/spec/initContainers/0"' in patch or '"path":"/spec/initContainers/0"' in patch, patch
+        assert "ptrace=add:primary" in shown
 
 
 def test_a_served_preview_sends_its_warning_and_decision_headers_as_utf_8(served: Server) -> None:
