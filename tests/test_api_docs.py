@@ -271,6 +271,8 @@ def test_the_request_body_takes_every_type_the_gate_reads_and_each_example_is_a_
         assert answer.status_code == 200, answer.text
         assert answer.json()["decisions"]["ptrace"] == "add:primary"
         assert answer.json()["patch"]
+    refused = call(APP, "POST", "/preview", POD_YAML, content_type="text/plain").json()["error"]
+    assert all(media in refused for media in (JSON, *YAML_TYPES)), refused
 
 
 def test_the_root_points_at_the_docs_and_lists_the_endpoints() -> None:

@@ -113,8 +113,9 @@ class PreviewGate:
     async def _preview(self, scope: Scope, receive: Receive, send: Send, *, settings: Settings) -> None:
         content_type = media_type(scope)
         if content_type != JSON and content_type not in YAML_TYPES:
+            also = ", ".join(YAML_TYPES[1:])
             raise RequestError(
-                415, f"Content-Type must be {JSON} or application/yaml (text/yaml), got {content_type or 'none'!r}"
+                415, f"Content-Type must be {JSON} or {YAML_TYPES[0]} (or {also}), got {content_type or 'none'!r}"
             )
         worker = self._previewer.take()
         if worker is None:
