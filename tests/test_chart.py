@@ -855,7 +855,7 @@ def test_standard_knobs_reach_the_pods_and_keep_the_chart_s_own() -> None:
     assert [e["name"] for e in webhook["env"]][:2] == ["POD_NAMESPACE", "POD_IP"]
     assert {"name": "trust", "configMap": {"name": "corporate-ca"}} in pod["volumes"]
     assert {"name": "trust", "mountPath": "/etc/ssl/corporate", "readOnly": True} in webhook["volumeMounts"]
-    assert {v["name"] for v in pod["volumes"]} == {"config", "tls", "trust"}
+    assert {v["name"] for v in pod["volumes"]} == {"config", "tls", "tmp", "trust"}
     # null leaves the user and groups to the platform; non-root and RuntimeDefault stay
     assert pod["securityContext"] == {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
     for container in pod["containers"] + pod["initContainers"]:
