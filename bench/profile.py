@@ -57,14 +57,14 @@ PARTS: list[tuple[str, re.Pattern[str]]] = [
         ("the body: receive() and the deadline watchdog", r"_read_body|BodyDeadlines|RequestResponseCycle\.receive"),
         ("the route and the Answer; for /healthz the ASGI call too (server.py)", r"webhook/web/server\.py"),
         (
-            "HTTP parsing (httptools), the connection's limits, taking an admission request directly",
-            r"data_received|on_url|on_header|on_message|_count|_take_directly|_admission_length|on_body|"
-            r"webhook/web/connections\.py",
+            "HTTP parsing (httptools), the connection's limits and states (admission.py)",
+            r"data_received|on_url|on_header|on_message|_count|on_body|webhook/web/admission\.py|"
+            r"webhook/web/limits\.py|webhook/web/reading\.py",
         ),
         ("uvicorn's ASGI cycle (task start, proxy headers)", r"run_asgi|ProxyHeadersMiddleware|_start_asgi_task"),
         ("TLS decryption (SSLObject.read)", r"SSLObject\.read"),
         ("TLS encryption outside the answer's write", r"SSLObject\.write"),
-        ("uvicorn's tick (once a second: reloads, the Date header)", r"Server\.main_loop|Server\.on_tick"),
+        ("the process's tick (reloads) and uvicorn's, behind the human API", r"_tick|Server\.main_loop|Server\.on_tick"),
         ("the event loop: epoll, socket reads, callbacks (uvloop, C)", r"Runner\.run|run_until_complete"),
     ]
 ]

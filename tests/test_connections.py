@@ -1,4 +1,4 @@
-"""One request at a time on a connection (connections.py): bytes behind a request whose answer is being made
+"""One request at a time on a connection (admission.py): bytes behind a request whose answer is being made
 wait unparsed until it is written, so a client that pipelines without reading costs the server no memory;
 a request that breaks behind answers still being made is refused after them; and the timers that bound a
 connection (idle, head deadline, drain grace) start from what the client actually owes. On the admission

@@ -1,4 +1,4 @@
-"""Admission requests the connection answers itself (connections.py, Direct): a POST to /mutate* shaped as
+"""Admission requests the connection answers itself (admission.py): a POST to /mutate* shaped as
 the API server sends it is answered inside the read that completes its body, without an ASGI cycle. These
 tests hold that path to the application's own answers, byte for byte, and to what HTTP/1.1 asks of a
 server: pipelined requests answered in order, bodies in pieces, HTTP/1.0, slow and vanished clients

@@ -91,7 +91,7 @@ def test_settings_read_only_at_start_keep_their_running_values_until_the_next_st
     reloader()
 
     assert app.settings.ptrace.mode == "add", "what a reload may change, it changes"
-    assert app.body_limit() == 100000
+    assert app.at_head("POST", b"/mutate", [(b"content-type", b"application/json")]).limit == 100000
     body = orjson.dumps(review(pod("flyte-1.15-bare.yaml"), uid="big"))
     body += b" " * (50000 - len(body))  # over the new limit, within the running one
     assert call(app, "POST", "/mutate", body, content_type="application/json").status_code == 200

@@ -1,3 +1,4 @@
-"""The web server: the ASGI application (server), the FastAPI part for /preview and the docs (api), uvicorn's
-connections under limits (connections), the reloading TLS context (tls), the process that runs them (serve)
-and its Prometheus metrics (metrics)."""
+"""The web server: the admission protocol every connection speaks (admission, with limits and reading), the
+ASGI application (server), stock uvicorn behind it for the human API (relay), the FastAPI part for /preview
+and the docs (api), the reloading TLS context (tls), the process that runs them (serve) and its Prometheus
+metrics (metrics)."""

@@ -1,7 +1,8 @@
-"""Run the HTTPS server: uvicorn with our TLS context, plus reloads of certificate and configuration files.
+"""Run the HTTPS server: the admission listener with our TLS context, the human API behind it, and reloads
+of the certificate and configuration files.
 
-Reloads are checked once a second from uvicorn's own tick, in the event loop thread, so a swap never
-races a request: a request sees either the old settings or the new, whole.
+Reloads are checked once a second in the event loop thread, so a swap never races a request: a request
+sees either the old settings or the new, whole.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, NamedTuple
 
-import uvicorn
 from kubernetes.client import ApiClient
 from pydantic.alias_generators import to_camel
 
@@ -34,107 +34,159 @@ from webhook.errors import ConfigError
 from webhook.preview.workers import no_cluster_export
 from webhook.review import no_cluster
 from webhook.stamps import file_stamp
-from webhook.web.connections import Limits, Unread, protocol_class
+from webhook.web.admission import Listener
+from webhook.web.limits import Limits
 from webhook.web.metrics import Metrics
-from webhook.web.server import DIRECT, MetricsApp, WebhookApp
+from webhook.web.reading import Stalls, Unread
+from webhook.web.relay import HumanApi
+from webhook.web.server import MetricsApp, WebhookApp
 from webhook.web.stalls import LoopMonitor
 from webhook.web.tls import ReloadingTLS, TLSFiles
 
 log = logging.getLogger(__name__)
 
-RELOAD_EVERY_TICKS = 10  # uvicorn ticks every 0.1 s
+TICK_SECONDS = 0.1
+RELOAD_EVERY_TICKS = 10  # files are checked once a second
+GRACEFUL_SECONDS = 10.0  # what is in flight when the drain ends has this long to finish
+BACKLOG = 2048  # pending connections the kernel queues for accept()
 # How long the API server keeps an idle connection to a webhook: client-go's transports take Go's
 # http.DefaultTransport IdleConnTimeout. server.idleTimeoutSeconds must be longer (config.py).
 API_SERVER_IDLE_SECONDS = 90
 SWITCH_INTERVAL = 0.001
 
 
-class ReloadingServer(uvicorn.Server):
-    """uvicorn's server, plus file reloads (every second, and at once on SIGHUP) and a drain on SIGTERM.
+class Process:
+    """The running server: the admission listener (and the metrics port's), the human API behind it, file
+    reloads (every second, and at once on SIGHUP), and the drain.
 
     SIGTERM or SIGINT first drains for `server.drainSeconds`: readyz answers 503, every answer says
-    `Connection: close`, and requests keep being served; then uvicorn stops accepting and finishes what is
-    in flight (connections.py gives idle ones a moment to deliver a request already sent). A second signal
-    stops at once. `monitor` watches the event loop while it serves (stalls.py).
+    `Connection: close`, and requests keep being served. Then the listeners stop accepting, an idle
+    connection gets a moment to deliver a request already sent (admission.py), and what is in flight has
+    GRACEFUL_SECONDS to finish. A second signal stops at once. The process then exits by the signal, so
+    its status says why it stopped.
     """
 
     def __init__(
         self,
-        config: uvicorn.Config,
+        app: WebhookApp,
+        server: ServerSettings,
+        tls: ReloadingTLS,
         reload: Callable[[], None],
-        limits: Limits,
         *,
-        drain_seconds: float,
-        metrics: tuple[uvicorn.Server, Limits] | None = None,
         monitor: LoopMonitor | None = None,
     ) -> None:
-        super().__init__(config)
+        self.app, self.settings, self.tls, self._reload = app, server, tls, reload
         self._monitor = monitor
-        self._reload = reload
-        self._limits = limits
-        # The metrics port drains with this one: a scrape answered during the drain closes its connection,
-        # instead of holding the exit for the idle timeout.
-        self._drained = [limits] if metrics is None else [limits, metrics[1]]
-        self._drain_seconds = drain_seconds
+        self.limits = Limits(
+            server.max_connections,
+            server.idle_timeout_seconds,
+            deadline=server.deadline_seconds,
+            on_refused=app.metrics.connections_refused.inc,
+        )
+        # Scrapers are few: 16 connections, and silent ones go at the idle timeout like anywhere.
+        self.metrics_limits = Limits(
+            16, server.idle_timeout_seconds, deadline=server.deadline_seconds, name="the metrics port's 16 connections"
+        )
+        self.listening = threading.Event()
+        self.signalled: int | None = None
         self._drain_until: float | None = None
         self._reload_now = False
-        # The plain-HTTP /metrics listener, started and stopped with this one.
-        self._metrics = metrics[0] if metrics else None
-        self.listening = threading.Event()
+        self._stop_now = False
 
-    async def serve(self, sockets: list[Any] | None = None) -> None:
-        if self._monitor is None:
-            await super().serve(sockets)
-            return
-        self._monitor.start(asyncio.get_running_loop())
+    def run(self) -> None:
+        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+            runner.run(self.main())
+
+    async def main(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._monitor is not None:
+            self._monitor.start(loop)
+        human = HumanApi(self.app, on_signal=self.signal, timeout_graceful_shutdown=int(GRACEFUL_SECONDS))
+        await human.start()
         try:
-            await super().serve(sockets)
-        finally:
-            self._monitor.stop()
-
-    async def startup(self, sockets: list[Any] | None = None) -> None:
-        await super().startup(sockets)
-        if self._metrics is not None and not self.should_exit:
-            self._metrics.config.load()
-            self._metrics.lifespan = self._metrics.config.lifespan_class(self._metrics.config)
-            await self._metrics.startup()
-        if self.started:
+            unread, stalls = Unread(), Stalls()  # one budget for the process's memory
+            listeners = [Listener(self.app, self.limits, unread=unread, stalls=stalls, human=human)]
+            servers = [
+                await loop.create_server(
+                    listeners[0], self.settings.host, self.settings.port, ssl=self.tls.context, backlog=BACKLOG
+                )
+            ]
+            if self.settings.metrics_port:
+                listeners.append(
+                    Listener(MetricsApp(self.app.metrics), self.metrics_limits, unread=unread, stalls=stalls)
+                )
+                servers.append(
+                    await loop.create_server(
+                        listeners[1], self.settings.host, self.settings.metrics_port, backlog=BACKLOG
+                    )
+                )
             self.listening.set()
+            await self._tick()
+            await _stop(servers, listeners)
+        finally:
+            await human.stop()
+            if self._monitor is not None:
+                self._monitor.stop()
 
-    async def shutdown(self, sockets: list[Any] | None = None) -> None:
-        if self._metrics is not None and self._metrics.started:
-            await self._metrics.shutdown()
-        await super().shutdown(sockets)
+    async def _tick(self) -> None:
+        """Reload every RELOAD_EVERY_TICKS (at once after SIGHUP) until the drain ends."""
+        counter = 0
+        while not self._stop_now:
+            if counter % RELOAD_EVERY_TICKS == 0 or self._reload_now:
+                if self._reload_now:
+                    log.info("SIGHUP: reloading the configuration and certificate files now")
+                self._reload_now = False
+                try:
+                    self._reload()
+                except Exception:  # a reload must never stop the server; the last good state stays in force
+                    log.exception("reload failed; the previous configuration and certificate stay in force")
+            if self._drain_until is not None and time.monotonic() >= self._drain_until:
+                return
+            counter += 1
+            await asyncio.sleep(TICK_SECONDS)
 
     def request_reload(self, _signal: int, _frame: FrameType | None) -> None:
         self._reload_now = True
 
-    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        if self._drain_until is not None or self._drain_seconds == 0:
-            super().handle_exit(sig, frame)
+    def signal(self, sig: int) -> None:
+        """SIGTERM or SIGINT: the first drains, a second stops at once."""
+        if self._drain_until is not None or self.settings.drain_seconds == 0:
+            self._stop_now = True
+            self.signalled = self.signalled or sig
+            self._drain_until = time.monotonic()
             return
-        self._captured_signals.append(sig)  # uvicorn re-raises it at exit, so the exit status says why
-        for limits in self._drained:
-            limits.draining = True
-        self._drain_until = time.monotonic() + self._drain_seconds
+        self.signalled = sig
+        self.limits.draining = self.metrics_limits.draining = True
+        self._drain_until = time.monotonic() + self.settings.drain_seconds
         log.info(
             "%s: draining for %g s (readyz answers 503, answers close their connection), then stopping",
             signal.Signals(sig).name,
-            self._drain_seconds,
+            self.settings.drain_seconds,
         )
 
-    async def on_tick(self, counter: int) -> bool:
-        if counter % RELOAD_EVERY_TICKS == 0 or self._reload_now:
-            if self._reload_now:
-                log.info("SIGHUP: reloading the configuration and certificate files now")
-            self._reload_now = False
-            try:
-                self._reload()
-            except Exception:  # a reload must never stop the server; the last good state stays in force
-                log.exception("reload failed; the previous configuration and certificate stay in force")
-        if self._drain_until is not None and time.monotonic() >= self._drain_until:
-            self.should_exit = True
-        return await super().on_tick(counter)
+
+async def _stop(servers: Sequence[asyncio.Server], listeners: Sequence[Listener]) -> None:
+    """Stop accepting, let what is in flight finish within GRACEFUL_SECONDS, then close the rest."""
+    for server in servers:
+        server.close()
+    for listener in listeners:
+        listener.stop()
+    until = time.monotonic() + GRACEFUL_SECONDS
+    while any(listener.connections for listener in listeners) and time.monotonic() < until:
+        await asyncio.sleep(TICK_SECONDS)
+    for listener in listeners:
+        listener.abort()
+    for server in servers:
+        await server.wait_closed()
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's loop when it is installed (as uvicorn picks it), else asyncio's."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
 
 
 class Reloader:
@@ -230,30 +282,24 @@ def serve(
             settings.server.idle_timeout_seconds,
             API_SERVER_IDLE_SECONDS,
         )
-    limits = Limits(
-        settings.server.max_connections,
-        settings.server.idle_timeout_seconds,
-        metrics.connections_refused.inc,
-        deadline=settings.server.deadline_seconds,
-    )
     view = _cluster_view(settings, api, metrics)
     app = WebhookApp(
         settings,
         metrics,
         namespaces=view if view is not None else no_cluster,
-        readiness=[limits.readiness, tls.readiness, *([view.readiness] if view is not None else [])],
         facts_export=view.export if view is not None else no_cluster_export,
     )
-    server = ReloadingServer(
-        _https_config(app, settings.server, tls, limits=limits),
-        Reloader(app, tls, config_file, overrides=overrides),
-        limits,
-        drain_seconds=settings.server.drain_seconds,
-        metrics=_metrics_server(settings.server, metrics, limits.unread),
+    reloader = Reloader(app, tls, config_file, overrides=overrides)
+    process = Process(
+        app,
+        settings.server,
+        tls,
+        reloader,
         monitor=LoopMonitor(metrics.event_loop_lag.observe, metrics.event_loop_stalls.inc),
     )
+    app.readiness[:0] = [process.limits.readiness, tls.readiness, *([view.readiness] if view is not None else [])]
     with contextlib.suppress(ValueError):  # only the main thread may set handlers (tests run serve in threads)
-        signal.signal(signal.SIGHUP, server.request_reload)
+        signal.signal(signal.SIGHUP, process.request_reload)
     log.info(
         "serving https://%s:%d (mode %s, ptrace.mode %s)",
         settings.server.host,
@@ -261,7 +307,7 @@ def serve(
         settings.mode,
         settings.ptrace.mode,
     )
-    _run(server, app, view, keeper=keeper)
+    _run(process, view, keeper=keeper)
     return 0
 
 
@@ -287,75 +333,30 @@ def _cluster_view(settings: Settings, api: ApiClient | None, metrics: Metrics) -
     return view
 
 
-def _https_config(app: WebhookApp, server: ServerSettings, tls: ReloadingTLS, *, limits: Limits) -> uvicorn.Config:
-    return uvicorn.Config(
-        app,
-        host=server.host,
-        port=server.port,
-        ssl_context_factory=lambda _config, _default: tls.context,
-        http=protocol_class(limits, app, DIRECT),
-        ws="none",  # no endpoint speaks websocket: an upgrade request is answered as plain HTTP (connections.py)
-        lifespan="off",
-        access_log=False,
-        server_header=False,
-        # No proxy stands between the API server and us: X-Forwarded-For from a loopback client is not read
-        # as the client's address (and uvicorn's middleware is not run on every request).
-        proxy_headers=False,
-        log_config=None,
-        # Endpoints are removed from the Service before SIGTERM reaches us (preStop); finish what is in flight.
-        timeout_graceful_shutdown=10,
-    )
-
-
-def _metrics_server(server: ServerSettings, metrics: Metrics, unread: Unread) -> tuple[uvicorn.Server, Limits] | None:
-    """The plain-HTTP /metrics listener, when `server.metricsPort` asks for one, and its connections' limits."""
-    if not server.metrics_port:
-        return None
-    # Scrapers are few: 16 connections, and silent ones go at the idle timeout like anywhere.
-    limits = Limits(
-        16,
-        server.idle_timeout_seconds,
-        name="the metrics port's 16 connections",
-        deadline=server.deadline_seconds,
-        unread=unread,  # the admission port's: one budget for the process's memory
-    )
-    config = uvicorn.Config(
-        MetricsApp(metrics),
-        host=server.host,
-        port=server.metrics_port,
-        http=protocol_class(limits),
-        ws="none",
-        lifespan="off",
-        access_log=False,
-        server_header=False,
-        proxy_headers=False,
-        log_config=None,
-        timeout_graceful_shutdown=10,  # as the admission port: a scrape in flight is finished, not waited on
-    )
-    return uvicorn.Server(config), limits
-
-
-def _run(server: ReloadingServer, app: WebhookApp, view: ClusterView | None, *, keeper: AdmissionKeeper | None) -> None:
-    """Run the server until it stops, then stop the threads that served it."""
+def _run(process: Process, view: ClusterView | None, *, keeper: AdmissionKeeper | None) -> None:
+    """Run the server until it stops, then stop the threads that served it; exit by the signal that stopped it."""
     # Everything made so far lives as long as the process: out of the collector's way, every collection of
-    # the oldest generation skips it (6% more /mutate/ptrace throughput, measured side by side).
+    # the oldest generation skips it.
     gc.collect()
     gc.freeze()
     if view is not None:
         # The caches' threads parse lists beside the event loop: a request waits for them at most 1 ms, not
-        # the interpreter's default 5 (docs/performance.md). Without them there is no thread to switch to.
+        # the interpreter's default 5. Without them there is no thread to switch to.
         sys.setswitchinterval(SWITCH_INTERVAL)
     if keeper is not None:
-        keeper.listening = server.listening
+        keeper.listening = process.listening
         keeper.start()
     try:
-        server.run()
+        process.run()
     finally:
-        app.previewer.stop()
+        process.app.previewer.stop()
         if view is not None:
             view.stop()
         if keeper is not None:
             keeper.close()
+    if process.signalled is not None and threading.current_thread() is threading.main_thread():
+        signal.signal(process.signalled, signal.SIG_DFL)
+        signal.raise_signal(process.signalled)
 
 
 def _keeper(

@@ -5,7 +5,7 @@ and metrics, and maps RequestError to 4xx JSON answers. A plain ASGI callable ra
 routes are fixed, there is no request model to validate (the envelope is checked by hand so the Pod is
 never round-tripped), and the framework layer would add half to every admission's CPU
 (docs/performance.md). The usual admission request does not reach it at all: its connection answers it
-with `answer` (connections.py). /preview, /openapi.json and /docs it forwards, counting their answers, to
+with `answer` (admission.py). /preview, /openapi.json and /docs it forwards, counting their answers, to
 the FastAPI app (api.py) behind the gate that admits a preview (middleware.py).
 """
 
@@ -31,6 +31,7 @@ from webhook.review import (
     read_review,
     response,
 )
+from webhook.web.admission import RELAYED, Headers, Verdict, When
 from webhook.web.api import PATHS as API_PATHS
 from webhook.web.api import STATIC
 from webhook.web.api import build as build_api
@@ -54,7 +55,6 @@ MUTATE_PATHS: dict[str, Sequence[str]] = {
     "/mutate/ptrace": (PTRACE,),
     "/mutate/image-puller": (PULLER,),
 }
-DIRECT = {path.encode(): path for path in MUTATE_PATHS}  # answered by the connection (WebhookApp.answer)
 ROUTES = {
     "/mutate": "POST",
     "/mutate/ptrace": "POST",
@@ -192,24 +192,49 @@ class WebhookApp:
         self.finished(endpoint, "ok" if status == 200 else _RESULTS.get(status or 0, "error"), started)
 
     async def _route(self, scope: Scope, receive: Receive, path: str) -> Answer:
-        method = ROUTES.get(path)
-        if method is None:  # /preview, /openapi.json and /docs never come here (api.py)
-            return error(
-                404,
-                f"no endpoint {path}; endpoints: POST /mutate, /mutate/ptrace, /mutate/image-puller, /preview; "
-                "GET /healthz, /readyz, "
-                "/metrics",
-            )
-        if scope["method"] != method and not (method == "GET" and scope["method"] == "HEAD"):
-            allow = "GET, HEAD" if method == "GET" else method
-            return error(405, f"{path} takes {allow}, not {scope['method']}", [(b"allow", allow.encode())])
+        refused = _refused_route(scope["method"], path)
+        if refused is not None:
+            return refused
+        if ROUTES[path] == "GET":
+            return self._get(path)
+        return await self._mutate(scope, receive, MUTATE_PATHS[path])
+
+    def _get(self, path: str) -> Answer:
         if path == "/healthz":
             return Answer(200, b'{"status":"ok"}')
         if path == "/readyz":
             return self._ready()
-        if path == "/metrics":
-            return Answer(200, self.metrics.render(), METRICS_CONTENT_TYPE)
-        return await self._mutate(scope, receive, MUTATE_PATHS[path])
+        return Answer(200, self.metrics.render(), METRICS_CONTENT_TYPE)
+
+    def at_head(self, method: str, target: bytes, headers: Headers) -> Verdict:
+        """admission.Site: what the connection does with a request, from its head. It answers the routes of
+        this module itself, and relays the human API's (/preview, the docs) and any path it does not know."""
+        if not target.startswith(b"/"):  # absolute-form or asterisk-form: never what an API server sends
+            return Verdict(When.AFTER_BODY, answer=_no_endpoint(target.decode("latin-1")))
+        raw = target.split(b"?", 1)[0] if b"?" in target else target
+        path = raw.decode("latin-1")
+        if path not in ROUTES or path in API_PATHS or b"%" in raw:
+            return RELAYED
+        refused = _refused_route(method, path)
+        if refused is not None:
+            return Verdict(When.AFTER_BODY, path, refused)
+        if ROUTES[path] == "GET":
+            return Verdict(When.NOW, path, self._get(path))
+        return self._admission(path, headers)
+
+    def _admission(self, path: str, headers: Headers) -> Verdict:
+        """An admission POST: its media type (415) and declared length (413), then read under the limits."""
+        content_type = _first(headers, b"content-type")
+        media = content_type.split(b";", 1)[0].strip().lower().decode("latin-1") if content_type else ""
+        if media != JSON:
+            return Verdict(When.AFTER_BODY, path, _unsupported(media))
+        server = self.settings.server
+        declared = _first(headers, b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > server.max_body_bytes:
+            size = declared.decode()
+            too_large = error(413, f"body of {size} bytes is over server.maxBodyBytes ({server.max_body_bytes})")
+            return Verdict(When.NOW, path, too_large, close=True)
+        return Verdict(When.READ, path, limit=server.max_body_bytes, seconds=server.deadline_seconds)
 
     def _ready(self) -> Answer:
         reasons = [r for r in (check() for check in self.readiness) if r]
@@ -220,7 +245,7 @@ class WebhookApp:
     async def _mutate(self, scope: Scope, receive: Receive, kinds: Sequence[str]) -> Answer:
         content_type = media_type(scope)
         if content_type != JSON:
-            raise RequestError(415, f"Content-Type must be {JSON} (an AdmissionReview), got {content_type or 'none'!r}")
+            return _unsupported(content_type)
         server = self.settings.server
         body = await read_body(
             scope,
@@ -232,20 +257,11 @@ class WebhookApp:
         )
         return self._admit(body, kinds)
 
-    # connections.Direct: the usual admission request, answered by the connection inside the read that
-    # completes its body, without an ASGI cycle (a task, its messages and the awaits on them cost 15 to 20%
-    # of a /mutate/ptrace's CPU). The connection hands over only what this route would accept: POST to one
-    # of DIRECT's paths exactly as written, Content-Type application/json, a Content-Length within
-    # server.maxBodyBytes, no Expect; everything else takes the ASGI path above, so its errors are unchanged.
-
-    def body_limit(self) -> int:
-        return self.settings.server.max_body_bytes
-
-    def body_seconds(self) -> float:
-        return self.settings.server.deadline_seconds
+    # admission.Site: an admission request is answered by the connection inside the read that completes its
+    # body, without an ASGI cycle; the ASGI route above answers the same bytes (tests hold the two together).
 
     def answer(self, endpoint: str, body: bytes, started: float, write: Callable[[int, bytes], None]) -> None:
-        """Answer a POST to `endpoint` (a key of DIRECT) whose whole `body` arrived; `write` sends it."""
+        """Answer a POST to `endpoint` (a key of MUTATE_PATHS) whose whole `body` arrived; `write` sends it."""
         try:
             answer = self._admit(body, MUTATE_PATHS[endpoint])
         except RequestError as exc:
@@ -276,10 +292,29 @@ class WebhookApp:
 
 class MetricsApp:
     """GET /metrics and nothing else, for the plain-HTTP port (server.metricsPort): a scrape needs no client
-    TLS, and neither admission nor previews are reachable without it."""
+    TLS, and neither admission nor previews are reachable without it. An ASGI application, and the
+    admission.Site its connections answer from."""
 
     def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics
+
+    def at_head(self, method: str, target: bytes, headers: Headers) -> Verdict:
+        raw = target.split(b"?", 1)[0] if b"?" in target else target
+        path = raw.decode("latin-1")
+        if raw != b"/metrics":
+            return Verdict(
+                When.AFTER_BODY, answer=error(404, f"no endpoint {path}; this port serves GET /metrics only")
+            )
+        if method not in ("GET", "HEAD"):
+            refused = error(405, f"/metrics takes GET, HEAD, not {method}", [(b"allow", b"GET, HEAD")])
+            return Verdict(When.AFTER_BODY, answer=refused)
+        return Verdict(When.NOW, answer=Answer(200, self.metrics.render(), METRICS_CONTENT_TYPE))
+
+    def answer(self, endpoint: str, body: bytes, started: float, write: Callable[[int, bytes], None]) -> None:
+        raise AssertionError("the metrics port reads no body")  # at_head never says When.READ
+
+    def finished(self, endpoint: str, result: str, started: float | None) -> None:
+        pass  # scrapes are not counted
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -292,6 +327,37 @@ class MetricsApp:
         else:
             answer = Answer(200, self.metrics.render(), METRICS_CONTENT_TYPE)
         await _send(send, answer)
+
+
+def _no_endpoint(path: str) -> Answer:
+    return error(
+        404,
+        f"no endpoint {path}; endpoints: POST /mutate, /mutate/ptrace, /mutate/image-puller, /preview; "
+        "GET /healthz, /readyz, /metrics",
+    )
+
+
+def _refused_route(method: str, path: str) -> Answer | None:
+    """404 for a path with no route, 405 for a method the route does not take; None when it takes it."""
+    allowed = ROUTES.get(path)
+    if allowed is None:  # /preview, /openapi.json and /docs never come here (api.py)
+        return _no_endpoint(path)
+    if method != allowed and not (allowed == "GET" and method == "HEAD"):
+        allow = "GET, HEAD" if allowed == "GET" else allowed
+        return error(405, f"{path} takes {allow}, not {method}", [(b"allow", allow.encode())])
+    return None
+
+
+def _unsupported(content_type: str) -> Answer:
+    return error(415, f"Content-Type must be {JSON} (an AdmissionReview), got {content_type or 'none'!r}")
+
+
+def _first(headers: Headers, name: bytes) -> bytes | None:
+    """The first value of a header, as the application reads it."""
+    for key, value in headers:
+        if key == name:
+            return value
+    return None
 
 
 async def _send(send: Send, answer: Answer) -> None:
