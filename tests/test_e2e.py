@@ -3,8 +3,11 @@ certificates, talked to as the API server does (TLS verified against the CA bund
 
 from __future__ import annotations
 
+import os
 import socket
 import ssl
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -18,7 +21,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from certs.authority import generate_ca, generate_files, issue_serving, write_files
 from tests.fake_apiserver import FakeAPIServer, namespace, node
-from tests.server_process import Server, client_context, running_server
+from tests.server_process import Server, client_context, free_port, running_server
 from tests.support import apply, decoded_patch, eventually, pod, review, validate
 
 CONFIG = "server:\n  maxBodyBytes: 65536\n  deadlineSeconds: 0.5\n"
@@ -265,3 +268,27 @@ def test_serve_with_cluster_facts(tls_dir: Path, tmp_path: Path, api: FakeAPISer
         res = client.post("/mutate", content=_review_bytes(), headers={"content-type": "application/json"})
         warnings = res.json()["response"]["warnings"]
         assert any("candidate nodes disagree (containerd on 2, docker on 1)" in w for w in warnings)
+
+
+@pytest.mark.parametrize("case", ["port in use", "no private directory"])
+def test_a_server_that_cannot_listen_exits_1_with_one_line_saying_why(tls_dir: Path, tmp_path: Path, case: str) -> None:
+    """Exit codes as documented (docs/command-line.md): 1 for a failure other than usage or configuration,
+    with one ERROR line naming what is wrong and no traceback."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COPILOT_WEBHOOK_") and k != "KUBECONFIG"}
+    env["HOME"] = str(tmp_path)
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1] if case == "port in use" else free_port()
+    if case == "no private directory":
+        env["TMPDIR"] = str(tmp_path / "missing")
+    command = [sys.executable, "-m", "webhook", "serve", "--host", "127.0.0.1", "--port", str(port)]
+    command += ["--tls-cert", str(tls_dir / "tls.crt"), "--tls-key", str(tls_dir / "tls.key")]
+    with taken:
+        done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=60, check=False)
+    errors = [line for line in done.stderr.splitlines() if " ERROR " in line]
+    assert done.returncode == 1, done.stderr
+    expected = f"cannot listen on 127.0.0.1:{port}: address already in use" if case == "port in use" else "TMPDIR="
+    assert len(errors) == 1, done.stderr
+    assert expected in errors[0]
+    assert "Traceback" not in done.stderr

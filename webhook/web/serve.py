@@ -89,6 +89,7 @@ class Process:
         )
         self.listening = threading.Event()
         self.signalled: int | None = None
+        self.failed = False  # it could not start serving
         self._drain_until: float | None = None
         self._reload_now = False
         self._stop_now = False
@@ -102,31 +103,45 @@ class Process:
         if self._monitor is not None:
             self._monitor.start(loop)
         human = HumanApi(self.app, on_signal=self.signal, timeout_graceful_shutdown=int(GRACEFUL_SECONDS))
-        await human.start()
         try:
-            unread, stalls = Unread(), Stalls()  # one budget for the process's memory
-            listeners = [Listener(self.app, self.limits, unread=unread, stalls=stalls, human=human)]
-            servers = [
-                await loop.create_server(
-                    listeners[0], self.settings.host, self.settings.port, ssl=self.tls.context, backlog=BACKLOG
+            await human.start()
+            listeners, servers = await self._listen(human)
+        except (OSError, RuntimeError) as exc:  # a port in use, no address, no private directory for the socket
+            log.error("%s", exc.strerror if isinstance(exc, OSError) and exc.strerror else exc)
+            self.failed = True
+            listeners, servers = [], []
+        try:
+            if servers:
+                self.listening.set()
+                log.info(
+                    "serving https://%s:%d (mode %s, ptrace.mode %s)",
+                    self.settings.host,
+                    self.settings.port,
+                    self.app.settings.mode,
+                    self.app.settings.ptrace.mode,
                 )
-            ]
-            if self.settings.metrics_port:
-                listeners.append(
-                    Listener(MetricsApp(self.app.metrics), self.metrics_limits, unread=unread, stalls=stalls)
-                )
-                servers.append(
-                    await loop.create_server(
-                        listeners[1], self.settings.host, self.settings.metrics_port, backlog=BACKLOG
-                    )
-                )
-            self.listening.set()
-            await self._tick()
+                await self._tick()
             await _stop(servers, listeners)
         finally:
             await human.stop()
             if self._monitor is not None:
                 self._monitor.stop()
+
+    async def _listen(self, human: HumanApi) -> tuple[list[Listener], list[asyncio.Server]]:
+        """The admission listener and, with server.metricsPort, the metrics port's."""
+        loop, server = asyncio.get_running_loop(), self.settings
+        unread, stalls = Unread(), Stalls()  # one budget for the process's memory
+        listeners = [Listener(self.app, self.limits, unread=unread, stalls=stalls, human=human)]
+        servers = [await _bound(loop, listeners[0], server.host, server.port, self.tls.context)]
+        if server.metrics_port:
+            metrics = MetricsApp(self.app.metrics)
+            listeners.append(Listener(metrics, self.metrics_limits, unread=unread, stalls=stalls))
+            try:
+                servers.append(await _bound(loop, listeners[1], server.host, server.metrics_port, None))
+            except OSError:
+                servers[0].close()
+                raise
+        return listeners, servers
 
     async def _tick(self) -> None:
         """Reload every RELOAD_EVERY_TICKS (at once after SIGHUP) until the drain ends."""
@@ -163,6 +178,16 @@ class Process:
             signal.Signals(sig).name,
             self.settings.drain_seconds,
         )
+
+
+async def _bound(
+    loop: asyncio.AbstractEventLoop, listener: Listener, host: str, port: int, context: ssl.SSLContext | None
+) -> asyncio.Server:
+    try:
+        return await loop.create_server(listener, host, port, ssl=context, backlog=BACKLOG)
+    except OSError as exc:
+        why = os.strerror(exc.errno).lower() if exc.errno else str(exc)
+        raise OSError(exc.errno, f"cannot listen on {host}:{port}: {why}") from None
 
 
 async def _stop(servers: Sequence[asyncio.Server], listeners: Sequence[Listener]) -> None:
@@ -300,15 +325,8 @@ def serve(
     app.readiness[:0] = [process.limits.readiness, tls.readiness, *([view.readiness] if view is not None else [])]
     with contextlib.suppress(ValueError):  # only the main thread may set handlers (tests run serve in threads)
         signal.signal(signal.SIGHUP, process.request_reload)
-    log.info(
-        "serving https://%s:%d (mode %s, ptrace.mode %s)",
-        settings.server.host,
-        settings.server.port,
-        settings.mode,
-        settings.ptrace.mode,
-    )
     _run(process, view, keeper=keeper)
-    return 0
+    return 1 if process.failed else 0
 
 
 def _tls(server: ServerSettings) -> ReloadingTLS | None:
