@@ -64,7 +64,7 @@ PARTS: list[tuple[str, re.Pattern[str]]] = [
         ("uvicorn's ASGI cycle (task start, proxy headers)", r"run_asgi|ProxyHeadersMiddleware|_start_asgi_task"),
         ("TLS decryption (SSLObject.read)", r"SSLObject\.read"),
         ("TLS encryption outside the answer's write", r"SSLObject\.write"),
-        ("the process's tick (reloads) and uvicorn's, behind the human API", r"_tick|Server\.main_loop|Server\.on_tick"),
+        ("the tick (reloads; uvicorn's, behind the human API)", r"_tick|Server\.main_loop|Server\.on_tick"),
         ("the event loop: epoll, socket reads, callbacks (uvloop, C)", r"Runner\.run|run_until_complete"),
     ]
 ]
