@@ -1,12 +1,12 @@
 """One list+watch loop over one resource, with the real `kubernetes` client, keeping a projection.
 
-Lists are paged (`limit`, `continue`) and read as raw JSON, never as the client's model objects: a
-Node with its image list is 10 KB of JSON, and 5,000 of them as typed objects would cost seconds and
-hundreds of megabytes. Each object is projected to the few fields the rules read at once and the rest
-is dropped. The watch resumes from the last resourceVersion seen (bookmarks included), relists on
-`410 Gone`, and backs off exponentially, with jitter, after any failure. The projection is published
-as an immutable mapping, replaced (copy on write) only when a projected value actually changes, so
-the frequent status-only updates of nodes cost a comparison and no copy.
+Lists are paged (`limit`, `continue`) and read as raw JSON, never as the client's model objects, whose
+CPU and memory grow with every field of a Node, image lists included, that the rules never read. Each
+object is projected to the few fields the rules read at once and the rest is dropped. The watch resumes
+from the last resourceVersion seen (bookmarks included), relists on `410 Gone`, and backs off
+exponentially, with jitter, after any failure. The projection is published as an immutable mapping,
+replaced (copy on write) only when a projected value actually changes, so the frequent status-only
+updates of nodes cost a comparison and no copy.
 
 With `table` (a `Rows` reader), lists and watches ask the API server for its Table rendering with each
 row's object metadata (`Accept: application/json;as=Table;v=v1;g=meta.k8s.io`; `includeObject=Metadata`
@@ -112,8 +112,8 @@ def _settle(future: Future[objects.ListPage], call: Callable[[str], objects.List
 
 
 def _malloc_trim() -> Callable[[], object]:
-    """glibc's malloc_trim: the C allocator keeps the pages a relist's parsing freed; giving them back
-    lowers a 65,000-node cache's resident size by about 30 MB. A no-op without glibc."""
+    """glibc's malloc_trim: gives back the pages a relist's parsing freed, which the C allocator would keep,
+    so the resident size follows what the cache holds. A no-op without glibc."""
     try:
         trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
     except (OSError, AttributeError):
@@ -126,10 +126,10 @@ release_free_memory = _malloc_trim()
 
 class _Collector:
     """The cyclic garbage collector, off while any first list runs (the node and namespace caches list at
-    once, at start-up). A cache growing by pages makes the collector walk all of it again and again: a
-    sixth of a 65,000-node first list's CPU, measured. The collector runs again after the last of them,
-    unless it was off before, and the first list collects before it freezes what it holds (a failed
-    attempt can leave cycles: an exception and the frames of its traceback). A relist leaves it on."""
+    once, at start-up), since a cache growing by pages would make every full collection walk all of it
+    again. The collector runs again after the last of them, unless it was off before, and the first list
+    collects before it freezes what it holds (a failed attempt can leave cycles: an exception and the
+    frames of its traceback). A relist leaves it on."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -281,8 +281,8 @@ class Informer(Generic[T]):
         changed: set[str] = set()
         kept = 0  # names held before and listed again: all of them means none was removed
         page_started = time.monotonic()
-        # While serving, smaller pages: decoding one is a single call that holds the interpreter (10 ms for
-        # 500 Table rows; 1 ms for 50).
+        # While serving, smaller pages: decoding one is a single call that holds the interpreter, so the page's
+        # size bounds how long a request waits for it.
         synced = self.synced.is_set()
         page_size = min(self._page_size, RELIST_PAGE_SIZE) if synced else self._page_size
         # The first list asks for each next page while projecting this one: the API server's time making a page
@@ -294,10 +294,9 @@ class Informer(Generic[T]):
                 kept += self._take_page(page, held, items, changed=changed)
                 metadata = page.get("metadata") or {}
                 self.resource_version = metadata.get("resourceVersion")
-                # A relist while serving takes turns with the requests: twice as long as the page took, idle
-                # (the snapshot it replaces serves meanwhile). At 65,000 nodes the p99 of /mutate during
-                # back-to-back relists: 1.6x idle with pages of 100 and as long again, 1.4x twice as long,
-                # 1.2x with pages of 50.
+                # A relist while serving takes turns with the requests: it rests RELIST_PACING times as long as
+                # each page took, so it holds the interpreter at most 1 / (1 + RELIST_PACING) of the relist's
+                # time; the snapshot it replaces serves meanwhile (docs/performance.md has /mutate's p99 then).
                 # (The first list runs flat out: the pod is not ready, no request waits for it.)
                 now = time.monotonic()
                 time.sleep((now - page_started) * RELIST_PACING if synced else 0)
@@ -310,8 +309,8 @@ class Informer(Generic[T]):
         del held, items
         release_free_memory()
         # What was just listed lives until the next change: out of the collector's way. Otherwise every
-        # full collection walks the whole cache, holding the interpreter 100-140 ms at 65,000 nodes
-        # (measured), and a relist triggers several. The cache holds no reference cycles: what it drops
+        # full collection walks the whole cache, holding the interpreter for time that grows with the
+        # cache, and a relist triggers several. The cache holds no reference cycles: what it drops
         # later is freed by reference counting, frozen or not.
         if not synced:
             gc.collect()  # cycles left by failed attempts (the collector rested through them), before the freeze

@@ -1,7 +1,7 @@
 """Facts the plan reads besides the pod: the request and what the caches know of the cluster.
 
-Named tuples rather than frozen dataclasses: equally immutable, and built on every request at a tenth
-of the cost (a frozen dataclass sets each field through object.__setattr__).
+Named tuples rather than frozen dataclasses: equally immutable, and cheaper to build on every request (a
+frozen dataclass sets each field through object.__setattr__).
 """
 
 from __future__ import annotations
@@ -58,8 +58,8 @@ def node_snapshot(
     nodes: Mapping[str, NodeFacts], previous: NodeSnapshot | None = None, changed: Collection[str] | None = None
 ) -> NodeSnapshot:
     """The snapshot of `nodes`. Given the previous snapshot and the names that changed since, only their
-    entries are redone (a label change on one node of 65,000 costs milliseconds, not a rebuild); the
-    result is the same as a full build. A mapping that is already read-only is kept, not copied."""
+    entries are redone (the label index is updated for them, not rebuilt); the result is the same as a
+    full build. A mapping that is already read-only is kept, not copied."""
     frozen_nodes = nodes if isinstance(nodes, MappingProxyType) else MappingProxyType(dict(nodes))
     index = previous.by_label if previous is not None else None
     if (

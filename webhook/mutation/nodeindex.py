@@ -1,12 +1,11 @@
 """The node cache's memory, compactly: each node's labels and the label index.
 
-At 65,000 nodes with 15 labels each, a dict of labels per node and a frozenset of names per label pair
-held 120 MB, three quarters of the process. Most nodes of a pool carry the same labels but for the one
-equal to their own name (the hostname), so a node's labels are its key set's positions (one dict per
-distinct key set) and a tuple of values shared by every node with the same ones, the name standing in
-where the value is the node's name. The index keeps, per label pair, the sorted ids of the nodes
-carrying it in an array of 4-byte integers; a pair whose value is the node's own name is not indexed
-at all but answered by looking that node up.
+What nodes share is held once, so that memory grows with what is a node's own (docs/performance.md has
+the measure). Most nodes of a pool carry the same labels but for the one equal to their own name (the
+hostname), so a node's labels are its key set's positions (one dict per distinct key set) and a tuple of
+values shared by every node with the same ones, the name standing in where the value is the node's name.
+The index keeps, per label pair, the sorted ids of the nodes carrying it in an array of 4-byte integers; a
+pair whose value is the node's own name is not indexed at all but answered by looking that node up.
 """
 
 from __future__ import annotations
