@@ -123,8 +123,8 @@ class ServerSettings(_Section):
     # unmutated or rejected by the failure policy.
     idle_timeout_seconds: float = Field(default=120.0, gt=0, le=300)
     """Close a connection that sends no request for this long (before its first one too)."""
-    # The API servers of a large control plane hold tens of connections each; an idle TLS connection
-    # costs about 42 KB, so 1,024 of them stay well inside the chart's memory limit.
+    # The API servers of a large control plane hold tens of connections each. Every open connection holds
+    # memory: docs/performance.md's sizing says how many the chart's memory limit leaves room for.
     max_connections: int = Field(default=1024, ge=1, le=65536)
     """Open connections at most; more are closed on arrival."""
     # After SIGTERM: answer for this long with readyz 503 and `Connection: close`, then stop accepting.
@@ -146,7 +146,7 @@ class PreviewSettings(_Section):
     enabled: bool = True
     """Serve POST /preview (side-effect free)."""
     # Previews run in worker processes beside admission, one at a time by default; a larger body than
-    # this is refused before it is read (1 MiB of YAML takes a few seconds to parse, plan and render),
+    # this is refused before it is read (a preview's CPU grows with its body, to seconds for the largest),
     # and a preview still running after timeoutSeconds is stopped.
     max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
     """Largest preview body."""

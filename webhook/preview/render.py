@@ -153,8 +153,8 @@ def _entry(kind: str, obj: JSONObject, decided: Plan | None, *, prefix: str, set
     ]
     applied = bool(verdict.patch)  # all of the plan's operations, or none (shadow mode, refused)
     patch: list[Operation] = [{**c.op, "path": prefix + c.op["path"]} for c in planned] if applied else []
-    # A JSON value copies through orjson in 19 us (a Flyte pod), through deepcopy in 270; unpatched, the
-    # object is only read from here on, so it needs no copy.
+    # A JSON value is copied by an orjson round trip, cheaper than deepcopy; unpatched, the object is only
+    # read from here on, so it needs no copy.
     mutated = jsonpatch.apply_patch(orjson.loads(orjson.dumps(obj)), patch, in_place=True) if patch else obj
     return {
         "kind": kind,
@@ -309,8 +309,8 @@ _SCALARS: dict[type, tuple[str, Callable[[Any], str]]] = {
 
 
 class _Dumper(yaml.CSafeDumper if yaml.__with_libyaml__ else yaml.SafeDumper):  # type: ignore[misc]
-    """PyYAML's safe dumper, two thirds of its cost taken out (a preview's YAML and diff output were 85% of
-    its time): libyaml's emitter, and the question "would this plain scalar read back as a string?" asked
+    """PyYAML's safe dumper, made cheaper where a yaml or diff preview spends most of its time, writing YAML:
+    libyaml's emitter, and the question "would this plain scalar read back as a string?" asked
     once per distinct scalar of a preview rather than twice per scalar (keys and images repeat)."""
 
     resolved: dict[str, str]

@@ -1,16 +1,15 @@
 """Previews in worker processes, so that no preview slows an admission review.
 
-A preview parses, plans and renders up to `preview.maxBodyBytes` in Python: up to 1.7 s of CPU for 1 MiB
-of JSON, about 7 s for 1 MiB of YAML (docs/http-api.md has each output's cost). In a thread of the
-server's own process it holds the GIL against the event loop, and in one measurement /mutate/ptrace fell
-from 7,715 to 338 req/s (p99 4 ms -> 196 ms) while previews ran (bench/preview_isolation.py). A worker
-process runs on the other core instead.
+A preview parses, plans and renders up to `preview.maxBodyBytes` in Python, seconds of CPU for the largest
+bodies (docs/http-api.md has each output's cost). In a thread of the server's own process it would hold the
+GIL against the event loop for as long, and admission would wait behind it; a worker process runs on
+another core instead (bench/preview_isolation.py measures admission while previews run).
 
 Each worker is one spawned process answering one job at a time over a pipe; `preview.concurrency`
 workers at most, started on the first preview. A job carries the body, query, settings, the namespaces'
 labels and the nodes' runtime groups. Nodes are asked for while the job runs, over the same pipe: the
 label-index entries and the nodes a pod's scheduling constraints name, answered from the snapshot of the
-job's start. (A worker holding a copy of every node took 175 MB more at 65,000 nodes, measured.) A job
+job's start, so a worker holds no copy of the nodes and its memory does not grow with them. A job
 that outlives `preview.timeoutSeconds` has its worker killed and is answered 503; it is not run again.
 
 A preview is lost only when its own work was lost. A worker that dies otherwise (killed while idle, or while

@@ -16,10 +16,10 @@ Receive = Callable[[], Awaitable[Mapping[str, Any]]]
 
 
 class BodyDeadlines:
-    """Deadlines for reading request bodies, kept by one watchdog instead of a timer per request: under
-    load `asyncio.timeout` around every read cost 10 to 20% of /mutate/ptrace's throughput (a libuv timer
-    started and stopped per request). The watchdog wakes every 0.1 s while any body is being read and
-    cancels the reads that are late, so the deadline holds to within a tenth of a second."""
+    """Deadlines for reading request bodies, kept by one watchdog instead of a timer per request, so that no
+    request starts and stops a libuv timer of its own (`asyncio.timeout` around every read). The watchdog
+    wakes every 0.1 s while any body is being read and cancels the reads that are late, so the deadline
+    holds to within a tenth of a second."""
 
     TICK = 0.1
 

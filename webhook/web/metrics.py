@@ -20,8 +20,8 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 
 class _Children:
-    """prometheus_client's labels() takes a lock and builds a tuple on every call (about 5 us); the hot
-    path looks its children up in a plain dict instead."""
+    """prometheus_client's labels() takes a lock and builds a tuple on every call; the hot path looks its
+    children up in a plain dict instead."""
 
     def __init__(self, metric: Any) -> None:
         self._metric = metric

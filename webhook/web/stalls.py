@@ -30,8 +30,8 @@ from typing import NamedTuple
 log = logging.getLogger(__name__)
 
 INTERVAL = 0.05
-# A loop late by 100 ms holds every request in flight for 50 times the /mutate median (about 2 ms) and
-# shows in the p99 that pod creation feels; below it, a busy node's scheduling noise would count too. A bucket
+# A loop late by 100 ms holds every request in flight for many times the /mutate median (docs/performance.md)
+# and shows in the p99 that pod creation feels; below it, a busy node's scheduling noise would count too. A bucket
 # bound of the lag histogram (metrics.py), so the histogram and the counter agree.
 STALL_SECONDS = 0.1
 LOG_EVERY = 60.0
