@@ -7,11 +7,11 @@ The description documents every status an operation can answer, each with the sh
 holds real answers to it): refusals are `{"error": "..."}`, never FastAPI's validation error. Its request
 examples are a Flyte 1.15 pod, in JSON and YAML, which "Try it out" sends as they are.
 
-Admission, health, readiness and metrics stay on the plain ASGI path (server.py): every admission would
-pay the framework's own cost: FastAPI's no-op route costs about 220 µs of CPU more than ours under the
-same uvicorn, half of a whole /mutate/ptrace (docs/performance.md). A preview's worker,
-body limit and deadline are the gate's (middleware.py), in front of this app; the endpoint gets what the
-gate admitted through a dependency. Errors keep the API's `{"error": "..."}` form and 4xx statuses.
+Admission, health, readiness and metrics never reach FastAPI (admission.py and server.py answer them), so
+that no admission pays the framework's own cost, which is a large share of a whole /mutate/ptrace
+(docs/performance.md has the measure). A preview's worker, body limit and deadline are the gate's
+(middleware.py), in front of this app; the endpoint gets what the gate admitted through a dependency.
+Errors keep the API's `{"error": "..."}` form and 4xx statuses.
 """
 
 from __future__ import annotations
