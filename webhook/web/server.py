@@ -1,12 +1,13 @@
-"""The HTTP adapter: a small ASGI application in front of the pure core.
+"""The HTTP adapter: the routes of admission, the probes and metrics, in front of the pure core.
 
-It checks methods, content types, body size and the read deadline (bodies.py) of admission, the probes
-and metrics, and maps RequestError to 4xx JSON answers. A plain ASGI callable rather than FastAPI: the
-routes are fixed, there is no request model to validate (the envelope is checked by hand so the Pod is
-never round-tripped), and the framework layer would add half to every admission's CPU
-(docs/performance.md). The usual admission request does not reach it at all: its connection answers it
-with `answer` (admission.py). /preview, /openapi.json and /docs it forwards, counting their answers, to
-the FastAPI app (api.py) behind the gate that admits a preview (middleware.py).
+`at_head` tells the admission connection (admission.py) what to do with each request from its head: answer
+a probe, read an admission body and `answer` it, refuse a wrong shape (404, 405, 413, 415), or relay it to
+the human API. The same routes are also a plain ASGI application, which stock uvicorn serves behind the
+connection for what it relays: /preview, /openapi.json and /docs go to the FastAPI app (api.py) behind the
+gate that admits a preview (middleware.py), counted; anything else gets the answer the connection would
+give. Admission stays off FastAPI: its routes are fixed, there is no request model to validate (the
+envelope is checked by hand so the Pod is never round-tripped), and the framework's cost per request is
+in docs/performance.md.
 """
 
 from __future__ import annotations
