@@ -5,7 +5,7 @@
 # BASE is any Debian-based image with python3 (3.11) and its venv module: python:3.11-slim by default.
 # Where public images cannot be pulled, CI builds a stand-in from Debian's packages (mmdebstrap, then
 # `docker import`) and installs wheels built beforehand: --build-arg PIP_INSTALL_OPTIONS="--no-index
-# --find-links=/src/wheels" with them in ./wheels (tests/image_builds.py).
+# --find-links=/src/wheels" with them in ./wheels (harness/image_builds.py).
 
 ARG BASE=python:3.11-slim
 

@@ -21,7 +21,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.fake_apiserver import FakeAPIServer, managed_fields, node
+from harness.fake_apiserver import FakeAPIServer, managed_fields, node
 
 NODES = "/api/v1/nodes"
 RUNTIMES = ["containerd://1.7.11"] * 8 + ["containerd://1.7.7-k3s1.27", "docker://24.0.7"]

@@ -37,8 +37,8 @@ HERE = Path(__file__).parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.gotools import cache_root  # noqa: E402 - where the tests' Go binaries are cached
-from tests.server_process import free_port, stop_process  # noqa: E402 - the tests' process helpers
+from harness.gotools import cache_root  # noqa: E402 - where the tests' Go binaries are cached
+from harness.server_process import free_port, stop_process  # noqa: E402 - the tests' process helpers
 
 BODY = HERE / "data" / "flyte-1.15-review.json"
 

@@ -38,8 +38,8 @@ sys.path.insert(0, str(ROOT))
 
 from bench import load  # noqa: E402 - the wrk runner
 from bench.load import cpu_seconds  # noqa: E402 - a process's CPU time from /proc
-from tests.fake_apiserver import write_kubeconfig  # noqa: E402
-from tests.server_process import free_port, stop_process  # noqa: E402
+from harness.fake_apiserver import write_kubeconfig  # noqa: E402
+from harness.server_process import free_port, stop_process  # noqa: E402
 
 BODY = ROOT / "bench" / "data" / "flyte-1.15-review.json"
 POOL = "eks.amazonaws.com/nodegroup"  # bench/cluster.py: 20 node groups

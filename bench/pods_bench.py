@@ -3,9 +3,9 @@ the admission chain: what a user of the webhook feels, in one run on one control
 
     python bench/pods_bench.py --anchors DIR [--pods 2000] [--rates 50,200] [--slices 5] [--connections 64]
 
-The control plane is the tests' (tests/controlplane.py: etcd and kube-apiserver built by `make go-tools`,
+The control plane is the tests' (harness/controlplane.py: etcd and kube-apiserver built by `make go-tools`,
 in a network namespace whose loopback answers for the Service range; needs root). The chart is installed
-by Helm with default values and its server runs as its ServiceAccount (tests/kube_support.py), listening
+by Helm with default values and its server runs as its ServiceAccount (harness/kube_api.py), listening
 on its Service's ClusterIP and port. Go-floor (DIR/go-floor, built with the installed Go) gets a Service,
 a serving certificate for `<service>.<namespace>.svc` and a webhook of its own, a copy of the chart's
 SYS_PTRACE webhook (rules, matchConditions, failure policy, timeout) with its clientConfig; our server's
@@ -65,10 +65,10 @@ sys.path.insert(0, str(ROOT))
 
 from bench.load import build_go_floor  # noqa: E402 - the anchor's build
 from certs.authority import ca_bundle, generate_ca, issue_serving, service_dns_names, write_atomic  # noqa: E402
-from tests import gotools  # noqa: E402
-from tests.controlplane import API_PORT, NS_ADDRESS, ControlPlane, control_plane  # noqa: E402
-from tests.kube_support import ChartPods, Kube, Obj, Release, mwc_path, release, wait_for  # noqa: E402
-from tests.server_process import stop_process  # noqa: E402
+from harness import gotools  # noqa: E402
+from harness.controlplane import API_PORT, NS_ADDRESS, ControlPlane, control_plane  # noqa: E402
+from harness.kube_api import ChartPods, Kube, Obj, Release, mwc_path, release, wait_for  # noqa: E402
+from harness.server_process import stop_process  # noqa: E402
 
 REVIEW = ROOT / "bench" / "data" / "flyte-1.15-review.json"
 RELEASE = "cw"

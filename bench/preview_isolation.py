@@ -26,7 +26,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.load import _process, bench_certs, wrk  # noqa: E402 - the load bench's wrk runner
-from tests.server_process import client_context, free_port  # noqa: E402
+from harness.server_process import client_context, free_port  # noqa: E402
 
 JSON = {"content-type": "application/json"}
 POST_LUA = """

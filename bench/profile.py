@@ -29,7 +29,7 @@ HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE.parent))
 
 from bench.load import BODY, _wait_port, bench_certs, cpu_seconds, wrk  # noqa: E402 - the load benchmark's helpers
-from tests.server_process import free_port, stop_process  # noqa: E402
+from harness.server_process import free_port, stop_process  # noqa: E402
 
 POST_LUA = 'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
 POST_LUA += 'local f = io.open("{body}", "rb"); wrk.body = f:read("*a"); f:close()\n'

@@ -1,11 +1,11 @@
 """The time the image puller adds to a pod's start, in each mode, for a cached image and a fresh one: what
-a user of the puller feels, on the real node the tests run (tests/node.py).
+a user of the puller feels, on the real node the tests run (harness/node.py).
 
     python bench/puller_bench.py [--rounds 7]
 
 The control plane, the node (containerd, the kubelet, kube-proxy, the DaemonSet controller), the images
-of the Dockerfile and the chart's webhook are the tests' own (tests/controlplane.py, tests/node.py,
-tests/image_builds.py, tests/kube_support.py; needs root and `make go-tools`). The chart is installed three
+of the Dockerfile and the chart's webhook are the tests' own (harness/controlplane.py, harness/node.py,
+harness/image_builds.py, harness/kube_api.py; needs root and `make go-tools`). The chart is installed three
 times over one release, one mode at a time: `none` (imagePuller.enabled=false: the kubelet pulls),
 `socket` (the init container holds the runtime socket) and `agent` (the init container asks the node's
 agent). The registry is the distribution registry on the node's loopback, which the node's containerd
@@ -37,13 +37,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.controlplane import control_plane
-from tests.gotools import binary
-from tests.image_builds import build_targets, start_builder
-from tests.kube_support import FAIL, ChartPods, Kube, KubeError, release
-from tests.node import Node, NodeRegistry, node, node_registry
-from tests.node_fixtures import Images, import_dockerfile_images
-from tests.test_kube_install import PRIVILEGED
+from harness.controlplane import control_plane
+from harness.gotools import binary
+from harness.image_builds import build_targets, start_builder
+from harness.kube_api import FAIL, PRIVILEGED, ChartPods, Kube, KubeError, release
+from harness.node import Node, NodeRegistry, node, node_registry
+from harness.node_setup import Images, import_dockerfile_images
 
 NAMESPACE = "cwbench"
 PODS = "cwbench-pods"

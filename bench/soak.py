@@ -36,7 +36,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.load import BODY, bench_certs  # noqa: E402 - the load bench's review body and certificates
-from tests.server_process import Server, client_context, free_port, running_server  # noqa: E402
+from harness.server_process import Server, client_context, free_port, running_server  # noqa: E402
 
 JSON = {"content-type": "application/json"}
 OUTPUTS = ("json", "yaml", "patch", "diff")

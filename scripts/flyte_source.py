@@ -364,7 +364,7 @@ def render(pod: dict[str, Any], header: str) -> str:
 
 FLYTE = Path(__file__).parent.parent / "tests" / "flyte"
 PODS = FLYTE / "pods"
-# release line -> the tests/gotools.py tool that prints its pods (built from tests/flyte/v<release>/).
+# release line -> the harness/gotools.py tool that prints its pods (built from tests/flyte/v<release>/).
 GENERATED = {"1.16": "flyte-pods-1.16"}
 # How the deployment configures the webhook for a cell whose Flyte configuration is not the default.
 CELL_SETTINGS: dict[str, dict[str, Any]] = {"mirror": {"copilot": {"namePrefix": "copilot-"}}}
@@ -439,7 +439,7 @@ def cases() -> dict[str, tuple[dict[str, Any], str]]:
 
 def main() -> None:
     """`make flyte-pods`: build (or reuse) the generators, rewrite their pods and the hand-derived cases."""
-    from tests import gotools
+    from harness import gotools
 
     for release, tool in GENERATED.items():
         write_generated(release, printed(gotools.build(gotools.TOOLS[tool])))

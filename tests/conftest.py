@@ -6,10 +6,10 @@ from pathlib import Path
 import pytest
 
 from certs.authority import generate_files
-from tests.controlplane import ControlPlane
-from tests.fake_apiserver import FakeAPIServer
-from tests.image_builds import ImageBuilder
-from tests.kube_support import Kube
+from harness.controlplane import ControlPlane
+from harness.fake_apiserver import FakeAPIServer
+from harness.image_builds import ImageBuilder
+from harness.kube_api import Kube
 from tests.skips import ALLOWED_SKIPS, SkipLedger
 
 
@@ -38,8 +38,8 @@ def api() -> Iterator[FakeAPIServer]:
 def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     """etcd and kube-apiserver built from their Go modules, on loopback in a network namespace of the
     test run's own; the same one for the whole session (tests use namespaces and releases of their own)."""
-    from tests.controlplane import control_plane, require_root
-    from tests.gotools import binary
+    from harness.controlplane import control_plane, require_root
+    from harness.gotools import binary
 
     require_root()
     etcd, apiserver, controllers = binary("etcd"), binary("kube-apiserver"), binary("kube-controller-manager")
@@ -65,7 +65,7 @@ def image_builder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ImageBui
     """A real dockerd with the stand-in base (made from Debian's packages by mmdebstrap, most of an image
     build's time), the same one for the whole session: tests/test_images.py starts its images in it, and the
     node modules build theirs in it. It stops when the session ends."""
-    from tests.image_builds import start_builder
+    from harness.image_builds import start_builder
 
     with start_builder(tmp_path_factory.mktemp("image-builder")) as builder:
         yield builder
@@ -75,7 +75,7 @@ def image_builder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ImageBui
 def dockerfile_images(image_builder: ImageBuilder, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """The Dockerfile's targets (puller, webhook), built once for the session on the stand-in base: their tags
     by target, in the session's dockerd."""
-    from tests.image_builds import build_targets
+    from harness.image_builds import build_targets
 
     return build_targets(tmp_path_factory.mktemp("dockerfile-images"), image_builder)
 

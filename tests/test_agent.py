@@ -29,8 +29,8 @@ import httpx
 import pytest
 
 from certs.authority import generate_ca, issue_serving
-from tests.controlplane import ControlPlane
-from tests.daemons import (
+from harness.controlplane import ControlPlane
+from harness.daemons import (
     TOOLS,
     Containerd,
     Registry,
@@ -41,9 +41,9 @@ from tests.daemons import (
     require,
     trickling_registry,
 )
-from tests.kube_support import Kube, wait_for
-from tests.server_process import free_port, stop_process
-from tests.support import child_env
+from harness.environment import child_env
+from harness.kube_api import Kube, wait_for
+from harness.server_process import free_port, stop_process
 from tests.test_pull_daemons import Run  # the puller's lines, read as the socket mode's tests read them
 from webhook.config import build_settings
 from webhook.mutation.puller import SECRETS_PATH, TOKEN_PATH, agent_container

@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 
 from certs.authority import generate_ca
-from tests.support import apply
+from tests.helpers import apply
 from webhook.config import build_settings
 from webhook.mutation.facts import Facts, NodeFacts, RequestFacts, cluster_facts
 from webhook.mutation.plan import PULLER, Plan, plan

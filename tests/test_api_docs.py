@@ -23,10 +23,10 @@ import orjson
 import pytest
 import yaml
 
+from harness.daemons import require
+from harness.server_process import Server, running_server
 from tests.asgi import call, post_json
-from tests.daemons import require
-from tests.server_process import Server, running_server
-from tests.support import PODS, load_yaml, review
+from tests.helpers import PODS, load_yaml, review
 from webhook.config import build_settings
 from webhook.errors import PreviewFailed
 from webhook.web.api import FLYTE_POD, FLYTE_POD_YAML

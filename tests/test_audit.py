@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
+from harness.fake_apiserver import FakeAPIServer, namespace
 from scripts import flyte_source
-from tests.fake_apiserver import FakeAPIServer, namespace
-from tests.support import pod
+from tests.helpers import pod
 
 
 def _cluster(api: FakeAPIServer) -> dict[str, dict[str, Any]]:
@@ -91,7 +91,7 @@ def test_what_if_drop_lists_every_pod_flyte_gave_sys_ptrace(api: FakeAPIServer, 
 
 def test_after_the_switch_and_a_restart_of_the_pods_nothing_is_left(api: FakeAPIServer, tmp_path: Path) -> None:
     """The walk-through's last step: the pods recreated under drop hold nothing, so the audit is clean."""
-    from tests.support import apply
+    from tests.helpers import apply
     from webhook.config import build_settings
     from webhook.mutation.facts import Facts, RequestFacts
     from webhook.mutation.plan import plan

@@ -24,9 +24,9 @@ from cryptography import x509
 
 from certs.authority import generate_ca, generate_files
 from certs.rotation import load_bundle
-from tests.fake_apiserver import FakeAPIServer
-from tests.server_process import Server, free_port, running_server
-from tests.support import child_env, eventually
+from harness.environment import child_env, eventually
+from harness.fake_apiserver import FakeAPIServer
+from harness.server_process import Server, free_port, running_server
 from webhook.cluster.access import api_client
 from webhook.cluster.certificates import POLICY_ANNOTATION, CertificateManager
 from webhook.cluster.keeper import AdmissionKeeper

@@ -19,7 +19,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from tests.fake_apiserver import FakeAPIServer
+from harness.fake_apiserver import FakeAPIServer
 from tests.test_chart import CHART, CRDS
 
 MWC = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/cw-copilot-webhook"

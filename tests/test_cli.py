@@ -12,7 +12,8 @@ import orjson
 import pytest
 import yaml
 
-from tests.support import GOLDEN, HERE, PODS, child_env
+from harness.environment import child_env
+from tests.helpers import GOLDEN, HERE, PODS
 
 ENV = child_env()
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.support import child_env
+from harness.environment import child_env
 from webhook import __version__
 from webhook.cli import _parser
 from webhook.cluster.errors import plainly

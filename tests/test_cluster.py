@@ -1,5 +1,5 @@
 """The node and namespace caches, driven by the real `kubernetes` client against a server that speaks
-the list and watch protocol (tests/fake_apiserver.py)."""
+the list and watch protocol (harness/fake_apiserver.py)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import pytest
 from kubernetes.client import CoreV1Api
 from kubernetes.client.exceptions import ApiException
 
-from tests.fake_apiserver import FakeAPIServer, namespace, node
-from tests.support import eventually
+from harness.environment import eventually
+from harness.fake_apiserver import FakeAPIServer, namespace, node
 from webhook.cluster.access import ClusterView, api_client
 from webhook.cluster.errors import ClusterAccessError
 from webhook.cluster.informer import Informer, list_pages

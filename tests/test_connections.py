@@ -17,8 +17,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from tests.server_process import Reader, Server, free_port, open_port, running_server, status_kb
-from tests.support import pod, review
+from harness.server_process import Reader, Server, free_port, open_port, running_server, status_kb
+from tests.helpers import pod, review
 
 PORTS = ["admission", "metrics"]
 HEALTHZ = b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n"

@@ -26,7 +26,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.server_process import free_port, stop_process
+from harness.server_process import free_port, stop_process
 from tests.test_chart import VARIANTS, render
 from webhook.web.metrics import CONTENT_TYPE, Metrics
 

@@ -17,9 +17,10 @@ from pathlib import Path
 import orjson
 import pytest
 
+from harness.environment import eventually
+from harness.server_process import Reader, Server, running_server, status_kb
 from tests.asgi import call
-from tests.server_process import Reader, Server, running_server, status_kb
-from tests.support import eventually, pod, review
+from tests.helpers import pod, review
 from webhook.config import build_settings
 from webhook.web.server import WebhookApp
 

@@ -20,9 +20,10 @@ import pytest
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from certs.authority import generate_ca, generate_files, issue_serving, write_files
-from tests.fake_apiserver import FakeAPIServer, namespace, node
-from tests.server_process import Server, client_context, free_port, running_server
-from tests.support import apply, decoded_patch, eventually, pod, review, validate
+from harness.environment import eventually
+from harness.fake_apiserver import FakeAPIServer, namespace, node
+from harness.server_process import Server, client_context, free_port, running_server
+from tests.helpers import apply, decoded_patch, pod, review, validate
 
 CONFIG = "server:\n  maxBodyBytes: 65536\n  deadlineSeconds: 0.5\n"
 

@@ -12,7 +12,8 @@ import orjson
 import pytest
 import yaml
 
-from tests.support import GOLDEN, HERE, child_env, load_yaml
+from harness.environment import child_env
+from tests.helpers import GOLDEN, HERE, load_yaml
 
 EXAMPLES = HERE.parent / "examples"
 

@@ -1,4 +1,4 @@
-"""The fake API server (tests/fake_apiserver.py) stays only where it answers as the real kube-apiserver
+"""The fake API server (harness/fake_apiserver.py) stays only where it answers as the real kube-apiserver
 does: each test here sends the same requests to both and compares what the caches, `certs ensure` and the
 keeper read. The fake is kept for what the real server cannot be made to do on demand (drop a watch
 mid-stream, fail a list with 500, expire one continue token, hold 65,000 nodes in a benchmark) and for
@@ -15,9 +15,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.controlplane import ControlPlane
-from tests.fake_apiserver import FakeAPIServer, node
-from tests.kube_support import Kube, Obj, mwc_path
+from harness.controlplane import ControlPlane
+from harness.fake_apiserver import FakeAPIServer, node
+from harness.kube_api import Kube, Obj, mwc_path
 
 TABLE = {"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"}
 AGE = 3  # printNode's Age column: the fake cannot know how old a node is

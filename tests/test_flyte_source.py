@@ -17,10 +17,10 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from harness.gotools import binary
 from scripts import flyte_source
 from tests.asgi import post_json
-from tests.gotools import binary
-from tests.support import GOLDEN, apply, decoded_patch, review, validate
+from tests.helpers import GOLDEN, apply, decoded_patch, review, validate
 from webhook.config import build_settings
 from webhook.mutation.copilot import is_ptrace
 from webhook.mutation.facts import Facts, RequestFacts

@@ -22,9 +22,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from harness.server_process import client_context, free_port, running_server, status_kb
 from tests.asgi import call
-from tests.server_process import client_context, free_port, running_server, status_kb
-from tests.support import pod
+from tests.helpers import pod
 from webhook.config import build_settings
 from webhook.preview.render import _yaml
 from webhook.web.api import PATHS as API_PATHS

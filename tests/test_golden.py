@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.support import GOLDEN, apply, decoded_patch, load_yaml, validate
+from tests.helpers import GOLDEN, apply, decoded_patch, load_yaml, validate
 from webhook.config import Settings, build_settings
 from webhook.mutation.facts import Facts, RequestFacts, cluster_facts
 from webhook.mutation.plan import KINDS, Plan, plan

@@ -23,9 +23,10 @@ import pytest
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from certs.authority import KeyPair, generate_ca, issue_serving
+from harness.environment import eventually
+from harness.server_process import Reader, Server, client_context, free_port, open_port, running_server, status_kb
 from tests.asgi import call, post_json
-from tests.server_process import Reader, Server, client_context, free_port, open_port, running_server, status_kb
-from tests.support import GOLDEN, eventually, load_yaml, pod, review
+from tests.helpers import GOLDEN, load_yaml, pod, review
 from webhook.config import build_settings
 from webhook.mutation.errors import PodShapeError
 from webhook.mutation.facts import Facts, RequestFacts, cluster_facts

@@ -3,7 +3,7 @@ read-only root filesystem, `certs ensure` runs against an API server, the puller
 containerd. Public base images cannot be pulled here, so the base is a stand-in built from Debian's
 packages (mmdebstrap of bookworm with python3, `docker import`), and the dependencies are wheels built
 beforehand on the host (the Dockerfile's PIP_INSTALL_OPTIONS). The images are built once per test session
-(tests/image_builds.py), and tests/test_kube_node.py imports the same ones into its node. The image sizes
+(harness/image_builds.py), and tests/test_kube_kubelet_pods.py imports the same ones into its node. The image sizes
 are printed."""
 
 from __future__ import annotations
@@ -21,11 +21,12 @@ import orjson
 import pytest
 
 from certs.authority import generate_files
-from tests.daemons import Containerd, Dockerd, build_image, containerd, registry, require
-from tests.fake_apiserver import FakeAPIServer
-from tests.image_builds import ImageBuilder
-from tests.server_process import client_context, free_port
-from tests.support import apply, decoded_patch, eventually, pod, review
+from harness.daemons import Containerd, Dockerd, build_image, containerd, registry, require
+from harness.environment import eventually
+from harness.fake_apiserver import FakeAPIServer
+from harness.image_builds import ImageBuilder
+from harness.server_process import client_context, free_port
+from tests.helpers import apply, decoded_patch, pod, review
 
 ROOT = Path(__file__).parent.parent
 LOCK = ROOT / "requirements" / "images.lock"
@@ -47,7 +48,7 @@ class Images:
 
 @pytest.fixture(scope="module")
 def images(image_builder: ImageBuilder, dockerfile_images: dict[str, str]) -> Images:
-    """The Dockerfile's images, built once for the session (tests/image_builds.py), in the session's dockerd."""
+    """The Dockerfile's images, built once for the session (harness/image_builds.py), in the session's dockerd."""
     require("dockerd", "docker", "mmdebstrap", "containerd", "ctr", "docker-registry", "skopeo", "umoci", "htpasswd")
     sizes = {}
     for name, tag in (*dockerfile_images.items(), ("base", image_builder.base)):

@@ -13,9 +13,9 @@ import httpx
 import pytest
 
 from certs.authority import generate_ca, generate_files
-from tests.fake_apiserver import FakeAPIServer
-from tests.server_process import free_port, running_server
-from tests.support import child_env
+from harness.environment import child_env
+from harness.fake_apiserver import FakeAPIServer
+from harness.server_process import free_port, running_server
 
 MWC = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/cw"
 

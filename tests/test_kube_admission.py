@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 
 from certs.authority import generate_files
-from tests.controlplane import HOST_ADDRESS
-from tests.kube_support import ChartPods, Kube, Obj, mwc_path, release, started
-from tests.test_kube_install import EXAMPLE, PRIVILEGED, pod, ptrace_holders
+from harness.controlplane import HOST_ADDRESS
+from harness.kube_api import PRIVILEGED, ChartPods, Kube, Obj, mwc_path, release, started
+from tests.test_kube_install import EXAMPLE, pod, ptrace_holders
 
 # The golden pods and the pods Flyte's own code prints (tests/flyte/pods/).
 GOLDEN_PODS = sorted((Path(__file__).parent / "golden" / "pods").glob("*.yaml")) + sorted(

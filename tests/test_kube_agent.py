@@ -2,7 +2,7 @@
 API server enforcing Pod Security `baseline` by its own defaults (no namespace label), the chart installed
 with the Dockerfile's images, the agent's DaemonSet pod created by the real DaemonSet controller and run by
 the real kubelet, its Service routed by the real kube-proxy with `internalTrafficPolicy: Local`
-(tests/node.py), and the images served by a registry that only the pod network reaches: a Service whose
+(harness/node.py), and the images served by a registry that only the pod network reaches: a Service whose
 name the node's containerd cannot resolve (the Orchest case).
 
 A copilot pod in a namespace labelled `restricted`, and another in an unlabelled namespace under the
@@ -22,12 +22,23 @@ from pathlib import Path
 
 import pytest
 
-from tests.controlplane import ControlPlane
-from tests.image_builds import ImageBuilder
-from tests.kube_support import FAIL, ChartPods, Kube, KubeError, Obj, events, pods_left, release, started, wait_pod
-from tests.node import Node, publish_namespace_endpoint
-from tests.node_fixtures import Images, import_dockerfile_images, running_node
-from tests.test_kube_install import PRIVILEGED
+from harness.controlplane import ControlPlane
+from harness.image_builds import ImageBuilder
+from harness.kube_api import (
+    FAIL,
+    PRIVILEGED,
+    ChartPods,
+    Kube,
+    KubeError,
+    Obj,
+    events,
+    pods_left,
+    release,
+    started,
+    wait_pod,
+)
+from harness.node import Node, publish_namespace_endpoint
+from harness.node_setup import Images, import_dockerfile_images, running_node
 
 NAMESPACE = "cwagent"  # the release's: it must admit the agent's hostPath
 RESTRICTED = "cwagent-restricted"

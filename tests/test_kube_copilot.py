@@ -1,9 +1,9 @@
-"""Flyte's own flytecopilot in raw-container task pods on the real node (tests/node.py), each pod admitted
+"""Flyte's own flytecopilot in raw-container task pods on the real node (harness/node.py), each pod admitted
 through the chart-installed webhook in one of its SYS_PTRACE settings: `ptrace.mode: add` with the default
 `target: primary`, `add` with `target: sidecar` (the least-privilege choice: the watcher alone), and `drop`.
 
 The copilot is Flyte's flytecopilot at v1.15.3 and v1.16.8, built from the copy of Flyte's source in
-tests/flyte/copilot/ (tests/gotools.py: tools flytecopilot-1.15 and flytecopilot-1.16) and put on the
+tests/flyte/copilot/ (harness/gotools.py: tools flytecopilot-1.15 and flytecopilot-1.16) and put on the
 stand-in base at /bin/flyte-copilot (tests/node/copilot/). Its blob store is flytestdlib's local stow store
 on a directory of the node (a hostPath volume): the test writes the task's inputs.pb there and reads the
 uploader's outputs.pb back.
@@ -19,7 +19,7 @@ removed (Flyte asks for 1.5 CPUs per pod, and the node has 2, so only one pod at
 admitted); the pod is bound to the node. The 1.15.3 pod also gets the task and the interfaces of the
 1.16.8 pod (a circle's area from its radius; the hand-derived pod's interfaces are placeholders, not
 protobufs). The release's image puller is off: the images are on the node already, and the puller has
-tests of its own (tests/test_kube_node.py).
+tests of its own (tests/test_kube_kubelet_pods.py).
 
 The pods of each setting are created once the release runs in it (one replica answers at a time, its
 webhooks failing closed), one by one, and then all of them run at once; the tests read what the webhook
@@ -50,9 +50,9 @@ from urllib.parse import urlsplit
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.controlplane import ControlPlane
-from tests.image_builds import ImageBuilder
-from tests.kube_support import (
+from harness.controlplane import ControlPlane
+from harness.image_builds import ImageBuilder
+from harness.kube_api import (
     FAIL,
     PRIVILEGED_BY_DEFAULT,
     ChartPods,
@@ -64,9 +64,9 @@ from tests.kube_support import (
     release,
     started,
 )
-from tests.node import Node, ProcessStatus, process_status
-from tests.node_fixtures import import_images, running_node
-from tests.support import load_yaml
+from harness.node import Node, ProcessStatus, process_status
+from harness.node_setup import import_images, running_node
+from tests.helpers import load_yaml
 from webhook.pull.clients import _field as protobuf_field  # the puller's protobuf encoding, for the store's files
 from webhook.pull.clients import _varint as protobuf_varint
 
@@ -272,7 +272,7 @@ def task_pod(case: Case, the_node: Node, images: Images, store: Path) -> Obj:
 
 @pytest.fixture(scope="module")
 def copilots() -> dict[str, Path]:
-    from tests.gotools import binary
+    from harness.gotools import binary
 
     return {line: binary(f"flytecopilot-{line}") for line in TAGS}
 

@@ -14,17 +14,14 @@ from pathlib import Path
 import pytest
 
 from certs.authority import generate_ca
-from tests.kube_support import ChartPods, Kube, Obj, Release, mwc_path, wait_for
-from tests.support import load_yaml
+from harness.kube_api import PRIVILEGED, ChartPods, Kube, Obj, Release, mwc_path, wait_for
+from tests.helpers import load_yaml
 
 NAMESPACE = "copilot-webhook"
 DECLARED = {"webhook": {"ptrace": {"failurePolicy": "Fail"}}}
 EXAMPLE = Path(__file__).parent / "golden" / "pods" / "flyte-1.15-bare.yaml"  # no SYS_PTRACE: add adds it
 GOLDEN_PODS = Path(__file__).parent / "golden" / "pods"
 BASELINE = {"pod-security.kubernetes.io/enforce": "baseline"}
-# The chart assumes baseline where a namespace has no label; the test API server enforces no default, and a
-# namespace labelled privileged says so, as an operator's label would.
-PRIVILEGED = {"pod-security.kubernetes.io/enforce": "privileged"}
 
 
 @pytest.fixture(scope="module")

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.controlplane import ControlPlane
-from tests.kube_support import ChartPods, Hooks, Kube, Release, mwc_path, wait_for
+from harness.controlplane import ControlPlane
+from harness.kube_api import ChartPods, Hooks, Kube, Release, mwc_path, wait_for
 from tests.test_kube_install import pod
-from tests.test_kube_nodes import add_node
+from tests.test_kube_node_cache import add_node
 
 NAMESPACE = "cwlife"
 FULLNAME = "cwlife-copilot-webhook"

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.kube_support import FAIL, PRIVILEGED_BY_DEFAULT, ChartPods, Kube, release, started, wait_for
-from tests.support import decoded_patch, review
+from harness.kube_api import FAIL, PRIVILEGED_BY_DEFAULT, ChartPods, Kube, release, started, wait_for
+from tests.helpers import decoded_patch, review
 from tests.test_kube_install import pod, ptrace_holders
 from tests.test_kube_policy import _requests
 

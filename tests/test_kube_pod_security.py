@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.controlplane import ControlPlane
-from tests.kube_support import ChartPods, Kube, KubeError, Obj, release, started
-from tests.test_kube_install import PRIVILEGED, pod, ptrace_holders
-from tests.test_kube_nodes import add_node
+from harness.controlplane import ControlPlane
+from harness.kube_api import PRIVILEGED, ChartPods, Kube, KubeError, Obj, release, started
+from tests.test_kube_install import pod, ptrace_holders
+from tests.test_kube_node_cache import add_node
 
 FLYTE_115 = Path(__file__).parent / "golden" / "pods" / "flyte-1.15.yaml"
 NAMESPACE = "cwpsa"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.kube_support import ChartPods, Kube, KubeError, release, started, wait_for
+from harness.kube_api import ChartPods, Kube, KubeError, release, started, wait_for
 from tests.test_chart import render
 from tests.test_kube_install import pod, ptrace_holders
 

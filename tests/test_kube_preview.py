@@ -15,9 +15,10 @@ import orjson
 import pytest
 import yaml
 
-from tests.kube_support import PRIVILEGED_BY_DEFAULT, Kube, Release, release
-from tests.support import child_env, load_yaml
-from tests.test_kube_nodes import add_node
+from harness.environment import child_env
+from harness.kube_api import PRIVILEGED_BY_DEFAULT, Kube, Release, release
+from tests.helpers import load_yaml
+from tests.test_kube_node_cache import add_node
 
 NAMESPACE = "cwprev"
 GOLDEN_PODS = Path(__file__).parent / "golden" / "pods"

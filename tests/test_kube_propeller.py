@@ -1,4 +1,4 @@
-"""Flyte's own flytepropeller runs raw-container (copilot) workflows on the real node (tests/node.py), every
+"""Flyte's own flytepropeller runs raw-container (copilot) workflows on the real node (harness/node.py), every
 task pod admitted through the chart-installed webhook (its webhooks failing closed).
 
 Flytepropeller is Flyte 1.16.8's, built with the pod plugin alone (tests/flyte/propeller/, tool
@@ -36,9 +36,9 @@ import httpx
 import pytest
 import yaml
 
-from tests.controlplane import ControlPlane
-from tests.image_builds import ImageBuilder
-from tests.kube_support import (
+from harness.controlplane import ControlPlane
+from harness.image_builds import ImageBuilder
+from harness.kube_api import (
     ChartPods,
     Kube,
     KubeError,
@@ -48,9 +48,9 @@ from tests.kube_support import (
     started,
     wait_for,
 )
-from tests.node import Node
-from tests.node_fixtures import import_images, running_node
-from tests.server_process import free_port, stop_process
+from harness.node import Node
+from harness.node_setup import import_images, running_node
+from harness.server_process import free_port, stop_process
 from tests.test_kube_copilot import _decisions, _values, floats  # the same release values per setting
 
 HERE = Path(__file__).parent
@@ -325,7 +325,7 @@ class Tools:
 
 @pytest.fixture(scope="module")
 def tools() -> Tools:
-    from tests.gotools import binary
+    from harness.gotools import binary
 
     return Tools(binary("flytepropeller-1.16"), binary("kubectl-flyte-1.16"), binary("flytecopilot-1.16"))
 

@@ -1,4 +1,4 @@
-"""Services on the real node (tests/node.py): kube-proxy built from Kubernetes' module routes a Service's
+"""Services on the real node (harness/node.py): kube-proxy built from Kubernetes' module routes a Service's
 ClusterIP to its endpoints, and the DaemonSet and EndpointSlice controllers of kube-controller-manager make
 the pods and the endpoints, as a node agent behind a Service with `internalTrafficPolicy: Local` needs.
 
@@ -17,7 +17,7 @@ Service without a selector, naming a node that does not exist: a listener that a
 sends a connection to it, so only kube-proxy's decision tells the outcomes apart. Before a probe, the test
 waits for kube-proxy's rules to name the Service's ClusterIP as it should be routed (the rules are read to
 know when to probe, never as the outcome). The image is the session's stand-in base (Debian with python3,
-tests/image_builds.py), imported into the node's containerd.
+harness/image_builds.py), imported into the node's containerd.
 """
 
 from __future__ import annotations
@@ -29,11 +29,11 @@ from dataclasses import dataclass
 
 import pytest
 
-from tests.controlplane import ControlPlane
-from tests.image_builds import ImageBuilder
-from tests.kube_support import Kube, KubeError, Obj, describe_pod, pods_left, wait_for, wait_pod
-from tests.node import BRIDGE_GATEWAY, Node
-from tests.node_fixtures import import_images, running_node
+from harness.controlplane import ControlPlane
+from harness.image_builds import ImageBuilder
+from harness.kube_api import Kube, KubeError, Obj, describe_pod, pods_left, wait_for, wait_pod
+from harness.node import BRIDGE_GATEWAY, Node
+from harness.node_setup import import_images, running_node
 
 NAMESPACE = "cwproxy"
 OTHER_NODE = "cw-elsewhere"  # no kubelet and no Node object: only the EndpointSlice names it

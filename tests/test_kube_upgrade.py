@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.kube_support import ChartPods, Kube, Release, wait_for
-from tests.test_kube_install import EXAMPLE, PRIVILEGED, pod
+from harness.kube_api import PRIVILEGED, ChartPods, Kube, Release, wait_for
+from tests.test_kube_install import EXAMPLE, pod
 
 ROOT = Path(__file__).resolve().parent.parent
 STARTS = {

@@ -6,8 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.fake_apiserver import FakeAPIServer, node
-from tests.support import child_env, eventually
+from harness.environment import child_env, eventually
+from harness.fake_apiserver import FakeAPIServer, node
 from webhook.cluster.access import ClusterView, api_client
 from webhook.config import ClusterSettings
 

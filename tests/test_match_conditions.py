@@ -15,7 +15,7 @@ from celpy.adapter import json_to_cel
 from celpy.evaluation import CELEvalError
 
 from scripts import flyte_source
-from tests.support import GOLDEN, PODS, apply, load_yaml
+from tests.helpers import GOLDEN, PODS, apply, load_yaml
 from tests.test_chart import render
 from webhook.config import build_settings
 from webhook.mutation.facts import Facts, RequestFacts

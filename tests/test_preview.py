@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from tests.asgi import call, post_json
-from tests.support import GOLDEN, PODS, apply, pod, review, validate
+from tests.helpers import GOLDEN, PODS, apply, pod, review, validate
 from webhook.config import build_settings
 from webhook.web.api import warning_header
 from webhook.web.server import WebhookApp

@@ -12,9 +12,10 @@ import orjson
 import pytest
 import yaml
 
-from tests.fake_apiserver import FakeAPIServer, node
-from tests.server_process import running_server
-from tests.support import PODS, eventually
+from harness.environment import eventually
+from harness.fake_apiserver import FakeAPIServer, node
+from harness.server_process import running_server
+from tests.helpers import PODS
 from webhook.cluster.nodes import project_node
 from webhook.config import build_settings
 from webhook.mutation.facts import ClusterFacts, node_snapshot

@@ -22,10 +22,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from harness.server_process import running_server
 from tests import worker_hooks
 from tests.asgi import call
-from tests.server_process import running_server
-from tests.support import PODS
+from tests.helpers import PODS
 from webhook.config import build_settings
 from webhook.preview import workers
 from webhook.preview.render import PreviewQuery, preview

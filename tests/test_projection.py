@@ -16,8 +16,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.fake_apiserver import NODE_COLUMNS, FakeAPIServer, node, node_row
-from tests.support import GOLDEN, eventually, load_yaml
+from harness.environment import eventually
+from harness.fake_apiserver import NODE_COLUMNS, FakeAPIServer, node, node_row
+from tests.helpers import GOLDEN, load_yaml
 from tests.test_golden import _case, _run
 from webhook.cluster import decoding
 from webhook.cluster.access import api_client

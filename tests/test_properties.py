@@ -10,7 +10,7 @@ import kubernetes_validate
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.support import apply, decoded_patch
+from tests.helpers import apply, decoded_patch
 from webhook.config import Settings, build_settings
 from webhook.mutation.copilot import Copilot, find_copilot, flyte_owned, is_ptrace
 from webhook.mutation.facts import Facts, RequestFacts

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import eventually
+from harness.environment import eventually
 
 # containerd's and Docker's default capability set for a container.
 RUNTIME_DEFAULT = "chown,dac_override,fsetid,fowner,mknod,net_raw,setgid,setuid,setfcap,setpcap,net_bind_service,sys_chroot,kill,audit_write"  # noqa: E501

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from certs.authority import generate_ca, issue_serving
-from tests.daemons import (
+from harness.daemons import (
     TOOLS,
     Containerd,
     Dockerd,
@@ -37,7 +37,7 @@ from tests.daemons import (
     require,
     trickling_registry,
 )
-from tests.support import child_env
+from harness.environment import child_env
 from webhook.config import build_settings
 from webhook.mutation.puller import SECRETS_PATH, puller_container
 from webhook.mutation.runtime import Runtime

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import pytest
 import uvloop
 
-from tests.support import PODS
+from tests.helpers import PODS
 from webhook.config import build_settings
 from webhook.web.relay import HIGH_WATER, HumanApi, Relay, State, forwarded_head
 from webhook.web.server import WebhookApp

@@ -11,7 +11,7 @@ import pytest
 
 from certs.authority import generate_files
 from tests.asgi import call
-from tests.support import pod, review
+from tests.helpers import pod, review
 from webhook.config import build_settings
 from webhook.web.serve import Reloader
 from webhook.web.server import WebhookApp

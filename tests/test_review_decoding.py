@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 import pytest
 
-from tests.support import GOLDEN, load_yaml, pod, review
+from tests.helpers import GOLDEN, load_yaml, pod, review
 from tests.test_golden import _cases, _run
 from webhook.config import build_settings
 from webhook.errors import RequestError

@@ -8,7 +8,7 @@ import orjson
 import pytest
 
 from tests.asgi import call, post_json
-from tests.support import apply, decoded_patch, pod, review, validate
+from tests.helpers import apply, decoded_patch, pod, review, validate
 from webhook.config import build_settings
 from webhook.mutation.facts import ClusterFacts, cluster_facts
 from webhook.web.server import WebhookApp

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import uvloop
 
-from tests.server_process import running_server
-from tests.support import eventually
+from harness.environment import eventually
+from harness.server_process import running_server
 from webhook.web.metrics import LATENCY_BUCKETS, Metrics
 from webhook.web.stalls import STALL_SECONDS, LoopMonitor
 

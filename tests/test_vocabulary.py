@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from tests.asgi import call, post_json
-from tests.support import decoded_patch, pod, review
+from tests.helpers import decoded_patch, pod, review
 from tests.test_chart import render
 from webhook.config import build_settings
 from webhook.errors import ConfigError

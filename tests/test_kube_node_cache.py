@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from tests.controlplane import ControlPlane
-from tests.kube_support import ChartPods, Kube, Obj, release, started, wait_for
-from tests.test_kube_install import PRIVILEGED, pod
+from harness.controlplane import ControlPlane
+from harness.kube_api import PRIVILEGED, ChartPods, Kube, Obj, release, started, wait_for
+from tests.test_kube_install import pod
 from webhook.cluster.access import api_client
 from webhook.cluster.nodes import NodeCache
 from webhook.config import ClusterSettings

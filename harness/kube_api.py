@@ -1,7 +1,10 @@
-"""The chart installed for real on the test control plane (tests/controlplane.py), and its pods run the way
-the kubelet would run them: there is no kubelet, so a test starts the Deployment's containers itself, with
-the rendered arguments, the ConfigMap's file, and the chart's ServiceAccount's token (from the TokenRequest
-API), inside the control plane's network namespace, listening on the Service's ClusterIP and port.
+"""The chart installed for real on the test control plane (harness/controlplane.py), and its webhook run the way
+a kubelet would run the Deployment's pod: `ChartPods` starts the init container and the server as processes
+of this checkout, with the rendered arguments, the ConfigMap's file, and the chart's ServiceAccount's token
+(from the TokenRequest API), inside the control plane's network namespace, listening on the Service's
+ClusterIP and port. The webhook runs this way in every test, those with a real node and kubelet
+(harness/node.py) too: there the kubelet runs the pods the tests create, and the webhook's pod stays a
+process of the test run, so coverage counts its lines and a test reads its log.
 
 Tests talk to the API server as plain JSON over HTTPS (the server under test uses the `kubernetes`
 client itself): what a test asserts is the object as the API server stores and returns it.
@@ -26,16 +29,19 @@ import httpx
 import pytest
 import yaml
 
-from tests.controlplane import NS_ADDRESS, ControlPlane
-from tests.node import publish_namespace_endpoint
-from tests.server_process import stop_process
-from tests.support import child_env
+from harness.controlplane import NS_ADDRESS, ControlPlane
+from harness.environment import child_env
+from harness.node import publish_namespace_endpoint
+from harness.server_process import stop_process
 
 CHART = Path(__file__).resolve().parent.parent / "deploy" / "helm" / "copilot-webhook"
 Obj = dict[str, Any]
 # The chart's podSecurity for a control plane started without PodSecurity defaults (the API server's own:
 # privileged wherever no namespace label says otherwise).
 PRIVILEGED_BY_DEFAULT: Obj = {"defaults": {"enforce": "privileged"}}
+# A namespace labelled privileged: the chart assumes baseline where a namespace has no label, and the test API
+# server enforces no default; the label says so, as an operator's would.
+PRIVILEGED: Obj = {"pod-security.kubernetes.io/enforce": "privileged"}
 # The real-node tests' failure policies, unless a test is about Ignore: a review the webhook could not
 # answer, or could not decide, refuses the pod instead of admitting it unchanged.
 FAIL: Obj = {"failurePolicy": "Fail", "webhook": {"failurePolicy": "Fail"}}

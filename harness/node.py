@@ -1,6 +1,6 @@
 """A node that runs the pods: Debian's containerd with its CRI plugin, the kubelet and kube-proxy built from
-the same Kubernetes module as the API server (tests/gotools.py), all inside the control plane's network
-namespace (tests/controlplane.py); the kubelet and kube-proxy hold client certificates of their own (the
+the same Kubernetes module as the API server (harness/gotools.py), all inside the control plane's network
+namespace (harness/controlplane.py); the kubelet and kube-proxy hold client certificates of their own (the
 Node authorizer is on). Nothing is pulled from the internet: the sandbox (pause) image is built from Kubernetes' own
 build/pause/linux/pause.c read from the Go module cache, compiled with `gcc -Os -static`, packed by umoci
 and imported into containerd; the images under test are built by dockerd and imported the same way.
@@ -19,11 +19,11 @@ internalTrafficPolicy: Local (an endpoint on another node is never used from her
 Bridged traffic reaches those rules through br_netfilter; where the kernel has no br_netfilter, kube-proxy
 masquerades every Service connection instead, so a reply between two pods of the bridge still passes back
 through the namespace to be translated. The namespace's loopback answers for the whole Service range
-(tests/controlplane.py), so a connection kube-proxy does not translate is delivered locally instead of
+(harness/controlplane.py), so a connection kube-proxy does not translate is delivered locally instead of
 forwarded: kube-proxy's filter chain of Services (its rejects and drops) is jumped to from INPUT as well.
 
-A Service whose server is a process in the namespace rather than a pod (the chart's webhook, tests/
-kube_support.py) has no endpoint the EndpointSlice controller could publish, and kube-proxy rejects
+A Service whose server is a process in the namespace rather than a pod (the chart's webhook,
+harness/kube_api.py) has no endpoint the EndpointSlice controller could publish, and kube-proxy rejects
 connections to a Service without endpoints. Such a server listens on every address of the namespace, as a
 hostNetwork pod would, so `publish_namespace_endpoint` writes the EndpointSlice that pod would have: the
 node's address and the Service's ports, under a manager name of its own that the EndpointSlice controller
@@ -54,11 +54,11 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from tests.controlplane import NS_ADDRESS, ControlPlane, Process, client_certificate
-from tests.daemons import ARCH
-from tests.gotools import KUBERNETES_VERSION
-from tests.server_process import stop_process
-from tests.support import unavailable
+from harness.controlplane import NS_ADDRESS, ControlPlane, Process, client_certificate
+from harness.daemons import ARCH
+from harness.environment import unavailable
+from harness.gotools import KUBERNETES_VERSION, TOOLS
+from harness.server_process import stop_process
 
 NODE_NAME = "cw-node"
 POD_CIDR = "10.224.0.0/24"  # the CNI bridge's pods
@@ -74,7 +74,7 @@ NODE_TOOLS = (
 )  # fmt: skip
 
 if TYPE_CHECKING:
-    from tests.kube_support import Kube
+    from harness.kube_api import Kube
 
 Obj = dict[str, Any]
 
@@ -103,7 +103,7 @@ def kubernetes_module() -> Path:
     if not module.is_dir():  # the module's source arrives with `go mod download` (make go-tools does it)
         subprocess.run(
             ["go", "mod", "download", f"k8s.io/kubernetes@{KUBERNETES_VERSION}"],
-            cwd=Path(__file__).parent / "kube" / "apiserver",
+            cwd=TOOLS["kubelet"].module_dir,
             check=True,
             capture_output=True,
             timeout=600,
@@ -671,7 +671,7 @@ def publish_namespace_endpoint(kube: Kube, namespace: str, service: str, timeout
     """The EndpointSlice of a Service whose server is a process of the namespace listening on the Service's
     own ports on every address: the node's address, as a hostNetwork pod's endpoint. Returns once a
     connection to the ClusterIP reaches the server (kube-proxy, where it runs, has taken the endpoint)."""
-    from tests.kube_support import KubeError, wait_for
+    from harness.kube_api import KubeError, wait_for
 
     spec = kube.get(f"/api/v1/namespaces/{namespace}/services/{service}")["spec"]
     ports = [
@@ -697,7 +697,7 @@ class DaemonSetBinder:
     names (the DaemonSet controller writes `metadata.name In [<node>]`), when that node is this one."""
 
     def __init__(self, plane: ControlPlane, node_name: str, interval: float = 0.3) -> None:
-        from tests.kube_support import Kube
+        from harness.kube_api import Kube
 
         self.node_name = node_name
         self.bound: list[str] = []  # namespace/name
@@ -710,7 +710,7 @@ class DaemonSetBinder:
     def _loop(self) -> None:
         import httpx
 
-        from tests.kube_support import KubeError
+        from harness.kube_api import KubeError
 
         while not self._stop.wait(self._interval):
             try:
@@ -871,7 +871,7 @@ def _drain(plane: ControlPlane, name: str, timeout: float = 90) -> str:
     """Every pod bound to the node deleted at once, and the kubelet left to stop them: it tears down their
     sandboxes (network namespaces, bridge addresses, mounts) as it would on a real node. "" once they are
     gone, else what each pod left showed."""
-    from tests.kube_support import Kube, KubeError, describe_pod, wait_for
+    from harness.kube_api import Kube, KubeError, describe_pod, wait_for
 
     kube = Kube(plane)
     try:
@@ -897,7 +897,7 @@ def _forget(plane: ControlPlane, name: str) -> None:
     """The Node object goes with its kubelet: later tests of the session see the nodes they made only."""
     import httpx
 
-    from tests.kube_support import Kube, KubeError
+    from harness.kube_api import Kube, KubeError
 
     kube = Kube(plane)
     try:

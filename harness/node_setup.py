@@ -1,5 +1,5 @@
-"""What the modules that run pods on the node (tests/node.py) set up alike: the node itself, and the images
-built in the session's dockerd on the stand-in base (tests/image_builds.py: the base and the Dockerfile's
+"""What the modules that run pods on the node (harness/node.py) set up alike: the node itself, and the images
+built in the session's dockerd on the stand-in base (harness/image_builds.py: the base and the Dockerfile's
 targets are built once per session, each module builds its own images there) imported into the node's
 containerd (`docker save | ctr images import`). Each module's fixtures call these, so each module has a
 node of its own with its images in it."""
@@ -13,15 +13,15 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.controlplane import ControlPlane
-from tests.daemons import require
-from tests.image_builds import ImageBuilder
-from tests.node import Node, node, require_node
+from harness.controlplane import ControlPlane
+from harness.daemons import require
+from harness.image_builds import ImageBuilder
+from harness.node import Node, node, require_node
 
 
 def running_node(kube: ControlPlane, *tools: str) -> Iterator[Node]:
     """The node, for a module-scoped fixture to yield from; `tools`: what else the module needs on PATH."""
-    from tests.gotools import binary
+    from harness.gotools import binary
 
     require_node()
     require(*tools)

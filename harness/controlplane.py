@@ -1,5 +1,5 @@
 """A real Kubernetes control plane for tests: etcd and kube-apiserver, built from their own Go modules
-(tests/gotools.py), started the way controller-runtime's envtest starts them, inside a network namespace
+(harness/gotools.py), started the way controller-runtime's envtest starts them, inside a network namespace
 of the test's own.
 
 Why a network namespace: the API server calls a webhook registered by `service:` at the Service's
@@ -36,8 +36,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from certs.authority import KeyPair, generate_ca, issue_serving, write_atomic
-from tests.server_process import free_port, stop_process
-from tests.support import unavailable
+from harness.environment import unavailable
+from harness.server_process import free_port, stop_process
 
 
 def _veth_addresses() -> tuple[str, str]:

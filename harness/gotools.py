@@ -3,8 +3,8 @@ from the small Go modules under tests/ into a cache outside the work tree, keyed
 the binary: the module's go.mod, go.sum and Go files, the package, the link flags and the Go version. A warm
 run finds the binary and builds nothing; a changed pin builds a new one beside the old.
 
-    python -m tests.gotools build [NAME ...]   # build (or reuse) and print each binary's path
-    python -m tests.gotools path NAME          # print the cached path, exit 1 if it is not built
+    python -m harness.gotools build [NAME ...]   # build (or reuse) and print each binary's path
+    python -m harness.gotools path NAME          # print the cached path, exit 1 if it is not built
 
 Tests call `binary(NAME)`: the path, or a pytest skip naming `make go-tools` (a failure under CI=true).
 """
@@ -71,9 +71,9 @@ TOOLS: dict[str, Tool] = {
             "k8s.io/kubernetes/cmd/kube-controller-manager",
             _kube_ldflags(KUBERNETES_VERSION),
         ),
-        # The node's agent (tests/node.py): v1.35 is the last minor that runs on containerd 1.x.
+        # The node's agent (harness/node.py): v1.35 is the last minor that runs on containerd 1.x.
         Tool("kubelet", "tests/kube/apiserver", "k8s.io/kubernetes/cmd/kubelet", _kube_ldflags(KUBERNETES_VERSION)),
-        # The node's Service routing (tests/node.py).
+        # The node's Service routing (harness/node.py).
         Tool(
             "kube-proxy", "tests/kube/apiserver", "k8s.io/kubernetes/cmd/kube-proxy", _kube_ldflags(KUBERNETES_VERSION)
         ),
@@ -165,7 +165,7 @@ def build(tool: Tool) -> Path:
 
 def binary(name: str) -> Path:
     """The cached binary, or a skip that names the make target (under CI=true, a failure)."""
-    from tests.support import unavailable
+    from harness.environment import unavailable
 
     version = go_version()
     if version is not None:
@@ -176,7 +176,7 @@ def binary(name: str) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.gotools")
+    parser = argparse.ArgumentParser(prog="python -m harness.gotools")
     sub = parser.add_subparsers(dest="command", required=True)
     build_cmd = sub.add_parser("build")
     build_cmd.add_argument("names", nargs="*")

@@ -1,6 +1,6 @@
-"""Pods that a real kubelet runs (tests/node.py: containerd 1.6 with its CRI plugin, the kubelet v1.35 built
+"""Pods that a real kubelet runs (harness/node.py: containerd 1.6 with its CRI plugin, the kubelet v1.35 built
 from Kubernetes' module, registered to the real API server with a certificate of the node's own), admitted
-through the chart-installed webhook (its server run as the chart's ServiceAccount, tests/kube_support.py).
+through the chart-installed webhook (its server run as the chart's ServiceAccount, harness/kube_api.py).
 
 What a user of the chart sees on a node: the image puller pulls a copilot pod's images from a registry
 through the node's own containerd socket, plainly and with the pod's imagePullSecrets, and the kubelet
@@ -10,7 +10,7 @@ running its pod against the Service; and a Flyte-shaped pod admitted by Pod Secu
 
 The images under test (the Dockerfile's puller and webhook targets) are the ones tests/test_images.py
 starts: built once per test session by a real dockerd on a stand-in base made from Debian's packages
-(tests/image_builds.py), and imported into the node's containerd (`docker save | ctr images import`)."""
+(harness/image_builds.py), and imported into the node's containerd (`docker save | ctr images import`)."""
 
 from __future__ import annotations
 
@@ -25,9 +25,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.controlplane import ControlPlane
-from tests.image_builds import ImageBuilder
-from tests.kube_support import (
+from harness.controlplane import ControlPlane
+from harness.image_builds import ImageBuilder
+from harness.kube_api import (
     FAIL,
     PRIVILEGED_BY_DEFAULT,
     ChartPods,
@@ -41,9 +41,9 @@ from tests.kube_support import (
     started,
     wait_pod,
 )
-from tests.node import Node, NodeRegistry, node_registry
-from tests.node_fixtures import Images, import_dockerfile_images, running_node
-from tests.support import load_yaml
+from harness.node import Node, NodeRegistry, node_registry
+from harness.node_setup import Images, import_dockerfile_images, running_node
+from tests.helpers import load_yaml
 
 NAMESPACE = "cwnode"  # the release's (never sent to the webhook)
 PODS = "cwnode-pods"

@@ -21,8 +21,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import quote
 
-from tests.server_process import free_port, stop_process
-from tests.support import unavailable
+from harness.environment import unavailable
+from harness.server_process import free_port, stop_process
 
 ARCH = {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), platform.machine())
 TOOLS = ("containerd", "ctr", "dockerd", "docker-registry", "skopeo", "umoci", "htpasswd")

@@ -4,7 +4,7 @@ Debian's packages (mmdebstrap of bookworm with python3, `docker import`), and th
 built on it with wheels of every dependency built beforehand on the host (the Dockerfile's
 PIP_INSTALL_OPTIONS). The base by mmdebstrap is most of what a build costs, so the session makes it once:
 tests/test_images.py starts the Dockerfile's images in this dockerd, and the modules that run pods on the
-node (tests/node_fixtures.py) build their own images in it on the same base and import them, with the
+node (harness/node_setup.py) build their own images in it on the same base and import them, with the
 Dockerfile's, into their node's containerd."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.daemons import Dockerd, dockerd, require
+from harness.daemons import Dockerd, dockerd, require
 
 ROOT = Path(__file__).parent.parent
 CONTEXT_FILES = ("Dockerfile", ".dockerignore", "pyproject.toml", "README.md", "requirements", "webhook", "certs")
@@ -37,7 +37,7 @@ class ImageBuilder:
 @contextmanager
 def start_builder(work: Path) -> Iterator[ImageBuilder]:
     """A dockerd (overlay2, or vfs where the kernel refuses it) with the stand-in base imported."""
-    from tests.node import unmount_under
+    from harness.node import unmount_under
 
     require("dockerd", "docker", "mmdebstrap")
     # Short: a unix socket path is limited to 108 bytes. A folder of its own: tests/test_pull_daemons.py

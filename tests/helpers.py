@@ -1,13 +1,12 @@
-"""Helpers shared by the tests: loading objects, applying and validating what the webhook emits."""
+"""Plain helpers of the tests: loading pods and golden files, building AdmissionReviews, applying and validating
+what the webhook emits. What starts servers, daemons or a cluster is in harness/."""
 
 from __future__ import annotations
 
 import base64
-import os
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import jsonpatch
 import kubernetes_validate
@@ -65,35 +64,3 @@ def validate(obj: dict[str, Any]) -> None:
     """The object must be one the API server accepts, for every Kubernetes version we claim."""
     for version in K8S_VERSIONS:
         kubernetes_validate.validate(obj, version, strict=True)
-
-
-COVERAGE_VARIABLES = ("COVERAGE_PROCESS_CONFIG", "COVERAGE_FILE", "COVERAGE_CORE")
-
-
-def unavailable(message: str) -> NoReturn:
-    """A real counterpart a test needs is missing: skipped on a laptop, a failure under CI=true (where
-    .ci/run installs or builds everything)."""
-    import pytest
-
-    if os.environ.get("CI") == "true":
-        pytest.fail(message)
-    pytest.skip(message)
-
-
-def child_env(**variables: str) -> dict[str, str]:
-    """A minimal environment for a command a test runs, plus coverage's own variables when the tests run
-    under coverage, so the lines the command runs are counted too."""
-    env = {"PATH": "/usr/bin:/bin"}
-    env.update({k: os.environ[k] for k in COVERAGE_VARIABLES if k in os.environ})
-    env.update(variables)
-    return env
-
-
-def eventually(check: Callable[[], bool], timeout: float = 10) -> bool:
-    """Poll a condition that a background thread or process makes true."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.02)
-    return check()
