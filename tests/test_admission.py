@@ -653,7 +653,6 @@ async def test_stop_gives_an_idle_connection_a_short_grace_and_a_head_its_deadli
 # --- a client that reads again ------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="resume_writing arms no timer in CLOSING: a lingering connection stays open")
 @in_loop
 async def test_a_lingering_connection_still_closes_after_its_client_reads_again() -> None:
     """After a refusal the connection reads and drops for LINGER_SECONDS, then closes; a pause of its writes
@@ -668,7 +667,6 @@ async def test_a_lingering_connection_still_closes_after_its_client_reads_again(
     assert transport.closed
 
 
-@pytest.mark.xfail(strict=True, reason="resume_writing arms no timer in RELAY: the refusal of a broken body is lost")
 @in_loop
 async def test_a_broken_relayed_body_is_still_refused_after_its_client_reads_again() -> None:
     """A relayed body that broke is refused once the human API has had LINGER_SECONDS to begin an answer,

@@ -223,18 +223,31 @@ class Connection(asyncio.Protocol):
             self.limits.timers.stop(self)
 
     def _arm(self) -> None:
-        """Start what the client owes now: nothing while it waits on us or on its reading."""
-        if self._paused or self._unparsed or self.transport.is_closing():
+        """Start what the client owes now (nothing while it waits on us or on its reading), or the linger that
+        ends a refused connection."""
+        if self._paused or self.transport.is_closing():
             return
         timers, limits = self.limits.timers, self.limits
+        request = self._request
+        if self._lingering():
+            timers.start(self, LINGER_SECONDS, restart=False)
+            return
+        if self._unparsed:
+            return
         if self.state is State.IDLE:
             timers.start(self, CLOSE_GRACE_SECONDS if limits.stopping else limits.idle_timeout)
         elif self.state is State.HEAD:
             timers.start(self, limits.deadline, restart=False)
         elif self.state is State.BODY:
-            request = self._request
             seconds = request.verdict.seconds if request and request.verdict.when is When.READ else limits.deadline
             timers.start(self, seconds, restart=False)
+
+    def _lingering(self) -> bool:
+        """Refused: closing, or a relayed request whose body broke, waiting for the human API's answer."""
+        request = self._request
+        if self.state is State.RELAY and request is not None:
+            return request.refusal is not None and not request.answered
+        return self.state is State.CLOSING
 
     def expired(self) -> None:
         """A timer ran out (limits.Timers)."""
@@ -323,6 +336,7 @@ class Connection(asyncio.Protocol):
         if self._request is not None and self._request.relay is not None:
             self._request.relay.resume()
         self._resume()
+        self._arm()  # what was owed before the pause: a linger (the rest _resume starts)
 
     # --- reading ---------------------------------------------------------------------------------------
 
