@@ -11,11 +11,21 @@ from harness.fake_apiserver import FakeAPIServer
 from harness.image_builds import ImageBuilder
 from harness.kube_api import Kube
 from tests.skips import ALLOWED_SKIPS, SkipLedger
+from tests.tiers import DESCRIPTIONS, TierGuard, assign
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Every run ends with what it ran and skipped; under CI=true an unlisted skip fails it (tests/skips.py)."""
+    """Every run ends with what it ran and skipped; under CI=true an unlisted skip fails it (tests/skips.py).
+    Every test has one tier marker (tests/tiers.py), and a `pure` one is held to it while it runs."""
     config.pluginmanager.register(SkipLedger(ALLOWED_SKIPS), "skip-ledger")
+    for tier, description in DESCRIPTIONS.items():
+        config.addinivalue_line("markers", f"{tier}: {description}")
+    config.pluginmanager.register(TierGuard(), "tier-guard")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Each test gets its tier from what its code and its fixtures reach (tests/tiers.py)."""
+    assign(items)
 
 
 @pytest.fixture(scope="session")

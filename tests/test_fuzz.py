@@ -130,6 +130,7 @@ def _check(status: int, content_type: str, body: bytes) -> None:
 APP = WebhookApp(build_settings({}))
 
 
+@pytest.mark.server  # its paths include /preview, rendered in a worker process (tests/tiers.py)
 @settings(
     max_examples=300,
     deadline=None,
