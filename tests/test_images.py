@@ -75,7 +75,8 @@ def test_the_webhook_image_serves_as_a_non_root_user_on_a_read_only_root(images:
     name = f"cw-webhook-{port}"
     images.run(
         "run", "--detach", "--name", name, "--network", "host", "--read-only", "--cap-drop", "ALL",
-        "--security-opt", "no-new-privileges", "--volume", f"{tls}:/tls:ro", images.webhook,
+        # /tmp as the chart mounts it (an emptyDir): the human API's private socket
+        "--security-opt", "no-new-privileges", "--tmpfs", "/tmp:size=1m", "--volume", f"{tls}:/tls:ro", images.webhook,
         "serve", "--tls-cert", "/tls/tls.crt", "--tls-key", "/tls/tls.key", "--host", "127.0.0.1", "--port", str(port),
     )  # fmt: skip
     try:
@@ -95,6 +96,7 @@ def test_the_webhook_image_serves_as_a_non_root_user_on_a_read_only_root(images:
             assert res.status_code == 200
             mutated = apply(obj, decoded_patch(res.json()["response"]))
             assert mutated["spec"]["shareProcessNamespace"] is True
+            assert client.get("/openapi.json").json()["paths"]["/preview"], "the human API answers through the port"
         assert images.run("exec", name, "id", "-u").stdout.strip() == "65532"
         assert images.run("exec", name, "touch", "/opt/x", check=False).returncode != 0, "the root is read-only"
         started = time.monotonic()
