@@ -6,7 +6,7 @@ CERTS   = certs/dev
 HOST   ?= 127.0.0.1
 PORT   ?= 8443
 
-.PHONY: run test lint typecheck imports pytest bench bench-micro bench-nodes bench-profile clean go-tools
+.PHONY: run test test-fast test-newest lint typecheck imports pytest bench bench-micro bench-nodes bench-profile clean go-tools
 
 $(BIN)/copilot-webhook: pyproject.toml requirements/images.lock
 	$(PYTHON) -m venv $(VENV)
@@ -25,7 +25,23 @@ run: $(BIN)/copilot-webhook $(CERTS)/tls.crt
 	COPILOT_WEBHOOK_CLUSTER__ENABLED=false \
 	$(BIN)/copilot-webhook serve --host $(HOST) --port $(PORT) --tls-cert $(CERTS)/tls.crt --tls-key $(CERTS)/tls.key
 
-test: lint typecheck imports pytest
+test: lint typecheck imports pytest test-newest
+
+# The in-process tests alone (the `pure` tier, tests/tiers.py): no subprocess, server, daemon or cluster.
+# Run it first; `make test` before a pull request.
+test-fast: $(BIN)/copilot-webhook
+	$(BIN)/python -m pytest -m pure
+
+# The suite runs on the lock; the HTTP layer's tests run again on the newest releases pyproject.toml allows
+# (uvicorn, httptools, uvloop among them), in a venv of their own.
+NEWEST = .venv-newest
+test-newest:
+	$(PYTHON) -m venv $(NEWEST)
+	$(NEWEST)/bin/python -m pip install --quiet --upgrade pip
+	$(NEWEST)/bin/python -m pip install --quiet --upgrade -e '.[dev]'
+	$(NEWEST)/bin/python -m pip list 2>/dev/null | grep -iE '^(uvicorn|httptools|uvloop|h11) '
+	$(NEWEST)/bin/python -m pytest -p no:cacheprovider -q tests/test_admission.py tests/test_relay.py \
+		tests/test_private_names.py tests/test_direct_answers.py tests/test_connections.py tests/test_e2e.py
 
 lint: $(BIN)/copilot-webhook
 	$(BIN)/ruff check .
@@ -33,7 +49,7 @@ lint: $(BIN)/copilot-webhook
 	$(BIN)/radon cc -j webhook certs scripts bench | $(BIN)/python -c 'import json, sys; over = ["%s:%s %s: complexity %s, over 12" % (p, b["lineno"], b["name"], b["complexity"]) for p, bs in json.load(sys.stdin).items() for b in bs if b["complexity"] > 12]; print(*over, sep="\n"); sys.exit(bool(over))'
 
 typecheck: $(BIN)/copilot-webhook
-	$(BIN)/mypy webhook certs tests bench scripts
+	$(BIN)/mypy webhook certs tests bench scripts harness
 
 imports: $(BIN)/copilot-webhook
 	$(BIN)/lint-imports
@@ -69,7 +85,7 @@ bench: $(BIN)/copilot-webhook
 # a cache outside the work tree keyed by their pins: a warm run builds nothing. Tests that need one skip
 # without it (under CI=true a skip fails).
 go-tools: $(BIN)/copilot-webhook
-	$(BIN)/python -m tests.gotools build
+	$(BIN)/python -m harness.gotools build
 
 # Flyte's pods as Flyte's own Go code prints them (tests/flyte/v<release>/, built like go-tools and cached),
 # rewritten into tests/flyte/pods/ with the golden contexts that feed them to the webhook, and the
@@ -80,7 +96,7 @@ flyte-pods: $(BIN)/copilot-webhook
 	$(BIN)/python -m scripts.flyte_source
 
 clean:
-	rm -rf $(VENV) $(CERTS) .mypy_cache .ruff_cache .pytest_cache .hypothesis mutants
+	rm -rf $(VENV) $(NEWEST) $(CERTS) .mypy_cache .ruff_cache .pytest_cache .hypothesis mutants
 
 # Pod creation through the real kube-apiserver at 50 and 200 pods/s with no webhook, ours (installed by the
 # chart) and go-floor (registered the same way), side by side: make bench-pods ANCHORS=<dir with go-floor/>.
