@@ -373,7 +373,10 @@ def _run(process: Process, view: ClusterView | None, *, keeper: AdmissionKeeper 
         if keeper is not None:
             keeper.close()
     if process.signalled is not None and threading.current_thread() is threading.main_thread():
-        signal.signal(process.signalled, signal.SIG_DFL)
+        # Through the handler the process started with (one that saves state first, as a coverage tool's
+        # does, then exits by the signal), but not Python's own SIGINT handler, which would raise instead.
+        if signal.getsignal(process.signalled) is signal.default_int_handler:
+            signal.signal(process.signalled, signal.SIG_DFL)
         signal.raise_signal(process.signalled)
 
 
