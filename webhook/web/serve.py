@@ -373,9 +373,11 @@ def _run(process: Process, view: ClusterView | None, *, keeper: AdmissionKeeper 
         if keeper is not None:
             keeper.close()
     if process.signalled is not None and threading.current_thread() is threading.main_thread():
-        # Through the handler the process started with (one that saves state first, as a coverage tool's
-        # does, then exits by the signal), but not Python's own SIGINT handler, which would raise instead.
-        if signal.getsignal(process.signalled) is signal.default_int_handler:
+        # Through a handler the process started with (one that saves state first, as a coverage tool's
+        # does, then exits by the signal). Python's own SIGINT handler would raise instead, and a signal
+        # ignored at start (SIGINT in a background job) was acted on all the same: both exit by the default.
+        started_with = signal.getsignal(process.signalled)
+        if not callable(started_with) or started_with is signal.default_int_handler:
             signal.signal(process.signalled, signal.SIG_DFL)
         signal.raise_signal(process.signalled)
 
