@@ -73,14 +73,16 @@ def _chart() -> helm.Chart:
     return helm.Chart.load(CHART)
 
 
-def _manifests(values: dict[str, Any] | None, kube_version: str, name: str) -> dict[str, str]:
+def _manifests(
+    values: dict[str, Any] | None, kube_version: str, name: str, chart: helm.Chart | None = None
+) -> dict[str, str]:
     """Template path -> rendered text, as Helm renders the chart for a cluster of `kube_version` (the Python
     binding does not expose the engine's kube_version option; its C entry point takes it)."""
     from helm_python import _native
 
     options = {"name": name, "namespace": "flyte", "is_install": True, "kube_version": f"v{kube_version}"}
     raw = _native.call_string(
-        "helm_render", _chart()._raw(), orjson.dumps(values or {}).decode(), orjson.dumps(options).decode()
+        "helm_render", (chart or _chart())._raw(), orjson.dumps(values or {}).decode(), orjson.dumps(options).decode()
     )
     manifests: dict[str, str] = orjson.loads(raw)
     return manifests
@@ -575,6 +577,32 @@ def test_image_digest_pins_every_container_the_chart_runs() -> None:
     assert all(i == f"ghcr.io/copilot-webhook/copilot-webhook:0.1.0@{digest}" for i in images)
 
 
+def _images(text: str) -> list[str]:
+    """Every image a rendered manifest names: containers' `image:` and the server's configured puller images."""
+    images = re.findall(r"^\s*(?:- )?image: (\S+)$", text, re.MULTILINE)
+    return [i.strip("'\"") for i in images] + re.findall(r"(?:docker|containerd|cri-o): (\S+/image-puller\S*)", text)
+
+
+@pytest.mark.parametrize("mode", ["socket", "agent"])
+def test_default_images_are_the_charts_own_version(tmp_path: Path, mode: str) -> None:
+    """With no image given, every image the chart runs or injects is the one of its appVersion, so a chart can
+    never run or inject an image older than its templates."""
+    chart = tmp_path / "copilot-webhook"
+    shutil.copytree(CHART, chart)
+    meta = chart / "Chart.yaml"
+    meta.write_text(re.sub(r"^appVersion: .*$", 'appVersion: "9.8.7"', meta.read_text(), flags=re.MULTILINE))
+    rendered = _manifests({"imagePuller": {"mode": mode}}, "1.33.0", "cw", helm.Chart.load(chart))
+    images = [i for text in rendered.values() for i in _images(text)]
+    expected = {
+        "ghcr.io/copilot-webhook/copilot-webhook:9.8.7",
+        "ghcr.io/copilot-webhook/image-puller:9.8.7",
+    }
+    assert set(images) == expected
+    # The server and its certs init container, the unregister hook, the verify test, three puller images; in
+    # agent mode also the agent's DaemonSet and its client's image.
+    assert len(images) == (9 if mode == "agent" else 7)
+
+
 def test_autoscaling_replaces_the_replica_count() -> None:
     objects = render(VARIANTS["autoscaled"])
     assert "replicas" not in objects["Deployment/cw-copilot-webhook"]["spec"]
@@ -771,16 +799,15 @@ def test_notes_tell_how_to_verify_the_install() -> None:
 
 def test_one_version_everywhere() -> None:
     """webhook.__version__ is the version; the package reads it, and the chart's version and appVersion and
-    the default puller images must say the same."""
+    the server's default puller images must say the same (the chart's own follow its appVersion)."""
     from webhook import __version__
 
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     assert chart["appVersion"] == __version__
     assert chart["version"] == __version__, "docs/upgrading.md: the chart is versioned with the server"
-    values = yaml.safe_load((CHART / "values.yaml").read_text())
-    assert {image.rsplit(":", 1)[1] for image in values["imagePuller"]["pullerImages"].values()} == {__version__}
-    assert build_settings({}).image_puller.puller_images.docker.endswith(f":{__version__}")
-    assert values["imagePuller"]["agent"]["image"].rsplit(":", 1)[1] == __version__
+    settings = build_settings({}).image_puller
+    assert settings.puller_images.docker.endswith(f":{__version__}")
+    assert settings.agent.image.endswith(f":{__version__}")
 
 
 # Keys the chart's values and the server's settings share whose defaults differ on purpose, with the reason.
@@ -794,6 +821,11 @@ DIFFERENT_ON_PURPOSE = {
     "started by hand is given one",
     "imagePuller.agent.caFile": "the chart's pods hold the CA that signs the agent's certificate at /tls/ca.crt; a "
     "server started by hand has no such file unless told",
+    **{
+        f"imagePuller.{key}": '"" in values.yaml: the chart renders the image-puller of its own appVersion '
+        "(test_default_images_are_the_charts_own_version); a server started by hand names the one of its own version"
+        for key in ("pullerImages.docker", "pullerImages.containerd", "pullerImages.cri-o", "agent.image")
+    },
 }
 
 

@@ -120,6 +120,12 @@ seccompProfile:
   type: RuntimeDefault
 {{- end -}}
 
+{{/* The puller's image where the values give none: the image-puller of the chart's own version, never older
+than the templates that inject it. */}}
+{{- define "cw.pullerImage" -}}
+{{- printf "ghcr.io/copilot-webhook/image-puller:%s" .Chart.AppVersion -}}
+{{- end -}}
+
 {{/* The image, pinned by digest when one is given. */}}
 {{- define "cw.image" -}}
 {{- $tag := .Values.image.tag | default .Chart.AppVersion -}}
