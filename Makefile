@@ -6,11 +6,17 @@ CERTS   = certs/dev
 HOST   ?= 127.0.0.1
 PORT   ?= 8443
 
-.PHONY: run test test-fast test-newest lint typecheck imports pytest bench bench-micro bench-nodes bench-profile clean go-tools
+.PHONY: run images test test-fast test-newest lint typecheck imports pytest bench bench-micro bench-nodes bench-profile clean go-tools
 
+# What serving needs (`make run`), then the development tools on top of it (every other target).
 $(BIN)/copilot-webhook: pyproject.toml requirements/images.lock
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e . -c requirements/images.lock
+	@touch $@
+
+DEV = $(VENV)/.dev-installed
+$(DEV): $(BIN)/copilot-webhook
 	$(BIN)/python -m pip install --quiet -e '.[dev]' -c requirements/images.lock
 	@touch $@
 
@@ -25,11 +31,22 @@ run: $(BIN)/copilot-webhook $(CERTS)/tls.crt
 	COPILOT_WEBHOOK_CLUSTER__ENABLED=false \
 	$(BIN)/copilot-webhook serve --host $(HOST) --port $(PORT) --tls-cert $(CERTS)/tls.crt --tls-key $(CERTS)/tls.key
 
+# Both images of the Dockerfile, tagged as the chart names them by default (REGISTRY/copilot-webhook and
+# REGISTRY/image-puller at the chart's appVersion): make images [REGISTRY=registry.example.com/platform]
+# [DOCKER_BUILD_FLAGS='--platform linux/arm64 ...'] [CONTEXT=.]. docs/operations.md: push, then install.
+REGISTRY ?= ghcr.io/copilot-webhook
+CONTEXT  ?= .
+DOCKER_BUILD_FLAGS ?=
+APP_VERSION := $(shell sed -n 's/^appVersion: *"*\([^"]*\)"*$$/\1/p' deploy/helm/copilot-webhook/Chart.yaml)
+images:
+	docker build $(DOCKER_BUILD_FLAGS) --target puller --tag $(REGISTRY)/image-puller:$(APP_VERSION) $(CONTEXT)
+	docker build $(DOCKER_BUILD_FLAGS) --target webhook --tag $(REGISTRY)/copilot-webhook:$(APP_VERSION) $(CONTEXT)
+
 test: lint typecheck imports pytest test-newest
 
 # The in-process tests alone (the `pure` tier, tests/tiers.py): no subprocess, server, daemon or cluster.
 # Run it first; `make test` before a pull request.
-test-fast: $(BIN)/copilot-webhook
+test-fast: $(DEV)
 	$(BIN)/python -m pytest -m pure
 
 # The suite runs on the lock; the HTTP layer's tests run again on the newest releases pyproject.toml allows
@@ -43,48 +60,48 @@ test-newest:
 	$(NEWEST)/bin/python -m pytest -p no:cacheprovider -q tests/test_admission.py tests/test_relay.py \
 		tests/test_private_names.py tests/test_direct_answers.py tests/test_connections.py tests/test_e2e.py
 
-lint: $(BIN)/copilot-webhook
+lint: $(DEV)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/radon cc -j webhook certs scripts bench | $(BIN)/python -c 'import json, sys; over = ["%s:%s %s: complexity %s, over 12" % (p, b["lineno"], b["name"], b["complexity"]) for p, bs in json.load(sys.stdin).items() for b in bs if b["complexity"] > 12]; print(*over, sep="\n"); sys.exit(bool(over))'
 
-typecheck: $(BIN)/copilot-webhook
+typecheck: $(DEV)
 	$(BIN)/mypy webhook certs tests bench scripts harness
 
-imports: $(BIN)/copilot-webhook
+imports: $(DEV)
 	$(BIN)/lint-imports
 
 # Every test under coverage, the servers, CLIs, preview workers and puller they start included; the
 # floor is what the suite reaches (94.5% of lines), rounded down.
 COVERAGE_FLOOR ?= 94
-pytest: $(BIN)/copilot-webhook
+pytest: $(DEV)
 	rm -rf .coverage-data && mkdir -p .coverage-data
 	COVERAGE_FILE=$(CURDIR)/.coverage-data/coverage $(BIN)/python -m coverage run -m pytest
 	COVERAGE_FILE=$(CURDIR)/.coverage-data/coverage $(BIN)/python -m coverage combine -q
 	COVERAGE_FILE=$(CURDIR)/.coverage-data/coverage $(BIN)/python -m coverage report --fail-under=$(COVERAGE_FLOOR)
 
-bench-micro: $(BIN)/copilot-webhook
+bench-micro: $(DEV)
 	$(BIN)/python bench/plan_bench.py
 	$(BIN)/python bench/stalls_bench.py
 
 # Where one request's CPU goes: the server under wrk load, profiled by py-spy and sorted into parts.
-bench-profile: $(BIN)/copilot-webhook
+bench-profile: $(DEV)
 	$(BIN)/python bench/profile.py
 
 # The node cache at scale: make bench-nodes NODES=65000
 NODES ?= 5000
-bench-nodes: $(BIN)/copilot-webhook
+bench-nodes: $(DEV)
 	$(BIN)/python bench/nodes_bench.py --nodes $(NODES)
 
 # Load benchmark against the reference webhooks: make bench ANCHORS=<dir with go-floor/, py-naive/, post.lua>
-bench: $(BIN)/copilot-webhook
+bench: $(DEV)
 	@test -n "$(ANCHORS)" || { echo "make bench ANCHORS=<dir with go-floor/, py-naive/, post.lua>"; exit 2; }
 	$(BIN)/python bench/load.py --anchors $(ANCHORS)
 
 # The Go programs the tests run (etcd, the Kubernetes binaries, Flyte's programs), built from tests/*/go.mod into
 # a cache outside the work tree keyed by their pins: a warm run builds nothing. Tests that need one skip
 # without it (under CI=true a skip fails).
-go-tools: $(BIN)/copilot-webhook
+go-tools: $(DEV)
 	$(BIN)/python -m harness.gotools build
 
 # Flyte's pods as Flyte's own Go code prints them (tests/flyte/v<release>/, built like go-tools and cached),
@@ -92,7 +109,7 @@ go-tools: $(BIN)/copilot-webhook
 # hand-derived pods of the releases whose Flyte modules do not resolve. Review the diff; then
 # REFRESH_GOLDEN=1 .venv/bin/python -m pytest tests/test_golden.py rewrites the webhook's answers.
 .PHONY: flyte-pods
-flyte-pods: $(BIN)/copilot-webhook
+flyte-pods: $(DEV)
 	$(BIN)/python -m scripts.flyte_source
 
 clean:
@@ -102,7 +119,7 @@ clean:
 # chart) and go-floor (registered the same way), side by side: make bench-pods ANCHORS=<dir with go-floor/>.
 # Needs root and `make go-tools`; 5 to 10 minutes on a quiet machine, more where the API server falls behind.
 .PHONY: bench-pods
-bench-pods: $(BIN)/copilot-webhook
+bench-pods: $(DEV)
 	@test -n "$(ANCHORS)" || { echo "make bench-pods ANCHORS=<dir with go-floor/>"; exit 2; }
 	$(BIN)/python bench/pods_bench.py --anchors $(ANCHORS)
 
@@ -110,14 +127,14 @@ bench-pods: $(BIN)/copilot-webhook
 # cached and fresh images: make bench-puller [ROUNDS=7]. Needs root, the node's packages and `make go-tools`.
 ROUNDS ?= 7
 .PHONY: bench-puller
-bench-puller: $(BIN)/copilot-webhook
+bench-puller: $(DEV)
 	$(BIN)/python bench/puller_bench.py --rounds $(ROUNDS)
 
 # The real server under sustained mixed load (reviews, previews, scrapes, refused requests, SIGHUPs), loopback
 # only and bounded in time; fails on a failed check, an error in the log or memory growth (bench/soak.py).
 SOAK_SECONDS ?= 180
 .PHONY: soak
-soak: $(BIN)/copilot-webhook
+soak: $(DEV)
 	$(BIN)/python bench/soak.py --seconds $(SOAK_SECONDS)
 
 # Mutation testing of the decision core, webhook/mutation/ (docs/testing.md): each mutant against the fast
@@ -130,6 +147,6 @@ soak: $(BIN)/copilot-webhook
 MUTATION_CHILDREN ?= 2
 MUTATION_FLOOR ?= 94
 .PHONY: mutation
-mutation: $(BIN)/copilot-webhook
+mutation: $(DEV)
 	env -u CI nice -n 10 $(BIN)/mutmut run --max-children $(MUTATION_CHILDREN)
 	$(BIN)/python -m scripts.mutation_score --fail-under $(MUTATION_FLOOR)

@@ -18,13 +18,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
+
 from harness.daemons import Dockerd, dockerd, require
 
 ROOT = Path(__file__).parent.parent
 CONTEXT_FILES = ("Dockerfile", ".dockerignore", "pyproject.toml", "README.md", "requirements", "webhook", "certs")
 BASE = "cw-test-base:bookworm"
-# The Dockerfile's targets and the tags they are built under, the puller first.
-TARGETS = {"puller": "cw-test-puller:ci", "webhook": "cw-test-webhook:ci"}
+# The registry `make images` tags the Dockerfile's targets under here, as REGISTRY/<name>:<appVersion>.
+REGISTRY = "cw-test"
 
 
 @dataclass
@@ -83,13 +85,15 @@ def build_context(work: Path) -> Path:
 
 
 def build_targets(work: Path, builder: ImageBuilder) -> dict[str, str]:
-    """The Dockerfile's targets on the stand-in base: their tags by target."""
+    """The Dockerfile's targets on the stand-in base, built by `make images` as a user builds them: their tags
+    by target."""
     context = build_context(work)
-    for target, tag in TARGETS.items():
-        subprocess.run(
-            ["docker", "build", "--quiet", "--network", "host", "--target", target, "--tag", tag,
-             "--build-arg", f"BASE={builder.base}",
-             "--build-arg", "PIP_INSTALL_OPTIONS=--no-index --find-links=/src/wheels", str(context)],
-            check=True, capture_output=True, env=builder.env, timeout=900,
-        )  # fmt: skip
-    return dict(TARGETS)
+    wheels = "PIP_INSTALL_OPTIONS='--no-index --find-links=/src/wheels'"
+    flags = f"--quiet --network host --build-arg BASE={builder.base} --build-arg {wheels}"
+    subprocess.run(
+        ["make", "--no-print-directory", "-C", str(ROOT), "images",
+         f"REGISTRY={REGISTRY}", f"CONTEXT={context}", f"DOCKER_BUILD_FLAGS={flags}"],
+        check=True, capture_output=True, env=builder.env, timeout=1800,
+    )  # fmt: skip
+    version = yaml.safe_load((ROOT / "deploy" / "helm" / "copilot-webhook" / "Chart.yaml").read_text())["appVersion"]
+    return {"puller": f"{REGISTRY}/image-puller:{version}", "webhook": f"{REGISTRY}/copilot-webhook:{version}"}

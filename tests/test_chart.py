@@ -603,6 +603,38 @@ def test_default_images_are_the_charts_own_version(tmp_path: Path, mode: str) ->
     assert len(images) == (9 if mode == "agent" else 7)
 
 
+def _readme_install() -> str:
+    """The README's install from a clone: the shell block that builds the images."""
+    readme = (CHART.parents[2] / "README.md").read_text()
+    return next(block for block in re.findall(r"```sh\n(.*?)```", readme, re.DOTALL) if "make images" in block)
+
+
+@pytest.mark.parametrize("mode", ["socket", "agent"])
+def test_the_readme_install_runs_only_the_images_it_pushes(mode: str) -> None:
+    """Followed as written, the README's install from a clone pushes the two images `make images` builds and
+    names them to the chart so that no pod it runs or injects, in either puller mode, pulls anything else."""
+    block = _readme_install()
+    registry = re.search(r"^REGISTRY=(\S+)", block, re.MULTILINE)
+    assert registry is not None
+    version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    # VERSION is read by sed (a basic regular expression, its group escaped) from a file the block names.
+    sed = re.search(r"^VERSION=\$\(sed -n 's/(.+)/\\1/p' (\S+)\)$", block, re.MULTILINE)
+    assert sed is not None
+    read = re.search(sed[1].replace("\\(", "(").replace("\\)", ")"), (CHART.parents[2] / sed[2]).read_text(), re.M)
+    assert read is not None
+    assert read[1] == version
+    block = block.replace("$REGISTRY", registry[1]).replace("$VERSION", version)
+    assert f"make images REGISTRY={registry[1]}" in block
+    pushed = set(re.findall(r"^docker push (\S+)$", block, re.MULTILINE))
+    assert pushed == {f"{registry[1]}/copilot-webhook:{version}", f"{registry[1]}/image-puller:{version}"}
+    values = helm.parse_set_string(",".join(re.findall(r"--set (\S+)", block)))
+    assert values["ptrace"] == {"mode": "drop"}
+    values["imagePuller"]["mode"] = mode
+    images = [i for text in _manifests(values, "1.33.0", "cw").values() for i in _images(text)]
+    assert len(images) == (9 if mode == "agent" else 7)
+    assert set(images) == pushed
+
+
 def test_autoscaling_replaces_the_replica_count() -> None:
     objects = render(VARIANTS["autoscaled"])
     assert "replicas" not in objects["Deployment/cw-copilot-webhook"]["spec"]

@@ -177,3 +177,24 @@ def test_the_images_hold_the_locked_versions(images: Images) -> None:
         assert pinned == {name: locked[name] for name in pinned}, image
         unlisted = set(installed) - set(locked) - {"copilot-webhook", "pip", "setuptools"}
         assert not unlisted, f"{image} installs packages the lock does not pin: {unlisted}"
+
+
+def test_make_images_tags_what_the_chart_runs_by_default(images: Images) -> None:
+    """`make images` (which built these) names its images as the chart's defaults do, under any registry: a
+    user who pushes them needs to change only the registry in `helm install`."""
+    dry_run = subprocess.run(
+        ["make", "--no-print-directory", "-n", "-C", str(ROOT), "images"], capture_output=True, text=True, check=True
+    )
+    defaults = sorted(re.findall(r"--tag (\S+)", dry_run.stdout))
+    chart = ROOT / "deploy" / "helm" / "copilot-webhook"
+    version = re.search(r'^appVersion: "?([^"\n]+)"?$', (chart / "Chart.yaml").read_text(), re.MULTILINE)
+    assert version is not None
+    repository = re.search(r"^  repository: (\S+)$", (chart / "values.yaml").read_text(), re.MULTILINE)
+    assert repository is not None
+    assert defaults == [
+        f"{repository[1]}:{version[1]}",
+        f"ghcr.io/copilot-webhook/image-puller:{version[1]}",
+    ]
+    built = sorted((images.webhook, images.puller))
+    assert [tag.split("/", 1)[1] for tag in built] == [tag.rsplit("/", 1)[1] for tag in defaults]
+    assert images.run("image", "inspect", *built).returncode == 0
