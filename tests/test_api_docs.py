@@ -289,6 +289,18 @@ def test_the_root_points_at_the_docs_and_lists_the_endpoints() -> None:
     assert 'copilot_webhook_requests_total{path="/docs",result="ok"}' in call(APP, "GET", "/metrics").text
 
 
+def test_the_path_label_stays_bounded() -> None:
+    """docs/http-api.md: the human API's pages count as /docs, a path nobody serves as unknown, whatever its
+    text, so a scanner cannot grow the metrics."""
+    app = WebhookApp(build_settings({}))
+    for path in ("/openapi.json", "/docs", "/nope-1", "/nope-2", "/mutate/../x"):
+        call(app, "GET", path)
+    text = call(app, "GET", "/metrics").text
+    counted = set(re.findall(r'^copilot_webhook_requests_total\{path="([^"]*)"', text, re.MULTILINE))
+    assert counted == {"/docs", "unknown"}
+    assert 'copilot_webhook_requests_total{path="unknown",result="not_found"} 3.0' in text
+
+
 @pytest.mark.parametrize(
     ("path", "allow"),
     [
