@@ -115,7 +115,7 @@ flyte-pods: $(DEV)
 clean:
 	rm -rf $(VENV) $(NEWEST) $(CERTS) .mypy_cache .ruff_cache .pytest_cache .hypothesis mutants
 
-# Pod creation through the real kube-apiserver at 50 and 200 pods/s with no webhook, ours (installed by the
+# Pod creation through the real kube-apiserver at 50 and 100 pods/s with no webhook, ours (installed by the
 # chart) and go-floor (registered the same way), side by side: make bench-pods ANCHORS=<dir with go-floor/>.
 # Needs root and `make go-tools`; 5 to 10 minutes on a quiet machine, more where the API server falls behind.
 .PHONY: bench-pods

@@ -1,0 +1,55 @@
+"""bench/pods_bench.py's report of the tail, in-process: the worst slice, the p99.9, and our server's loop over
+each slice as its /metrics tells it."""
+
+from __future__ import annotations
+
+import argparse
+
+from bench.pods_bench import LoopState, Phase, report
+
+METRICS = """\
+copilot_webhook_event_loop_lag_seconds_bucket{{le="0.001"}} {a}
+copilot_webhook_event_loop_lag_seconds_bucket{{le="0.05"}} {b}
+copilot_webhook_event_loop_lag_seconds_bucket{{le="0.1"}} {c}
+copilot_webhook_event_loop_lag_seconds_bucket{{le="0.25"}} {d}
+copilot_webhook_event_loop_lag_seconds_bucket{{le="+Inf"}} {d}
+copilot_webhook_event_loop_stalls_total {stalls}
+"""
+
+
+def _state(a: int, b: int, c: int, d: int, stalls: int) -> LoopState:
+    return LoopState.parse(METRICS.format(a=a, b=b, c=c, d=d, stalls=stalls))
+
+
+def test_a_slice_reads_its_stalls_and_its_worst_lag_from_the_histogram() -> None:
+    before = _state(100, 110, 110, 111, 1)
+    assert _state(150, 210, 210, 211, 1).since(before) == (0, 0.05)  # half over 1 ms, none over 50 ms
+    assert _state(200, 210, 211, 213, 3).since(before) == (2, 0.25)  # two over 100 ms: stalls
+    assert _state(300, 300, 300, 300, 1).since(_state(300, 300, 300, 300, 1))[1] != 0.0  # nothing counted: NaN
+
+
+def _phase(target: str, index: int, latencies_ms: list[float], stalls: float = 0.0) -> Phase:
+    phase = Phase(target, 50, index, latencies=[ms / 1000 for ms in latencies_ms], stalls=stalls, worst_lag=0.05)
+    phase.cpu = {"ours": 1.0, "go-floor": 1.0, "kube-apiserver": 1.0, "etcd": 1.0, "client": 1.0}
+    return phase
+
+
+def test_the_report_names_the_worst_slice_and_the_goals() -> None:
+    quiet = [10.0] * 998
+    phases = [
+        *(_phase("none", i, [5.0] * 1000) for i in (1, 2)),
+        _phase("ours", 1, [*quiet, 300.0, 300.0], stalls=2),
+        _phase("ours", 2, [*[12.0] * 980, *[40.0] * 20]),
+        *(_phase("ours-ptrace", i, [9.0] * 1000) for i in (1, 2)),
+        *(_phase("go-floor", i, [8.0] * 990 + [20.0] * 10) for i in (1, 2)),
+    ]
+    args = argparse.Namespace(pods=2000, slices=2, connections=64, rates=[50])
+    info = {"load before": "0.1", "load after": "0.2", "chart webhooks": "x", "stall lines": ""}
+    text = report(phases, args, info)
+    ours = next(line for line in text.splitlines() if line.startswith("| 50/s | ours |"))
+    cells = [c.strip() for c in ours.split("|")[1:-1]]
+    assert cells[4:6] == ["300.0", "40.0"], "p99.9 from the pooled slices; the worst slice's p99"
+    assert cells[-2:] == ["2", "50"], "our loop's stalls and worst lag over the target's slices"
+    assert "worst slice p99 40.0 ms against go-floor's 20.0 ms: 2.00x (goal 2x)" in text
+    assert "ours-ptrace ÷ go-floor: added p99 0.27x (goal 1.2x)" in text
+    assert text.endswith("(none)")
