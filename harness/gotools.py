@@ -1,7 +1,8 @@
-"""The Go programs the tests run (kube-apiserver, etcd, the kubelet, kube-proxy, Flyte's pod generators), built
-from the small Go modules under tests/ into a cache outside the work tree, keyed by everything that decides
-the binary: the module's go.mod, go.sum and Go files, the package, the link flags and the Go version. A warm
-run finds the binary and builds nothing; a changed pin builds a new one beside the old.
+"""The Go programs the tests run (kube-apiserver, etcd, the kubelet, kube-proxy, Flyte's pod generators,
+actionlint), built from the small Go modules under tests/ into a cache outside the work tree, keyed by
+everything that decides the binary: the module's go.mod, go.sum and Go files, the package, the link flags
+and the Go version. A warm run finds the binary and builds nothing; a changed pin builds a new one beside
+the old.
 
     python -m harness.gotools build [NAME ...]   # build (or reuse) and print each binary's path
     python -m harness.gotools path NAME          # print the cached path, exit 1 if it is not built
@@ -100,6 +101,8 @@ TOOLS: dict[str, Tool] = {
         Tool(
             "kubectl-flyte-1.16", "tests/flyte/propeller", "github.com/flyteorg/flyte/flytepropeller/cmd/kubectl-flyte"
         ),
+        # The linter of GitHub Actions workflows, for the release workflow (tests/test_release.py).
+        Tool("actionlint", "tests/tools/actionlint", "github.com/rhysd/actionlint/cmd/actionlint"),
     )
 }
 
