@@ -1589,3 +1589,14 @@ def test_the_agent_pulls_the_pod_network_registries_as_the_socket_puller_does() 
     host, _, variable = args.registry_ca[0].partition("=")
     assert host == "registry.team.svc:5000"
     assert {e["name"]: e.get("value") for e in container["env"]}[variable] == ca
+
+
+def test_the_serving_certificate_paths_are_absolute_and_the_same_everywhere() -> None:
+    """The server's default certificate paths are where the chart mounts its Secret and what the image runs,
+    never a path relative to wherever the process happens to start."""
+    server = Settings().server
+    config = yaml.safe_load(render()["ConfigMap/cw-copilot-webhook"]["data"]["config.yaml"])["server"]
+    assert (config["tlsCert"], config["tlsKey"]) == (server.tls_cert, server.tls_key)
+    assert all(Path(p).is_absolute() for p in (server.tls_cert, server.tls_key))
+    dockerfile = (CHART.parents[2] / "Dockerfile").read_text()
+    assert f'"--tls-cert", "{server.tls_cert}", "--tls-key", "{server.tls_key}"' in dockerfile

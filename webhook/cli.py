@@ -84,8 +84,8 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--config", help=_CONFIG_HELP)
     serve.add_argument("--host", help="address to listen on (default: server.host, 0.0.0.0)")
     serve.add_argument("--port", type=int, help="HTTPS port (default: server.port, 8443)")
-    serve.add_argument("--tls-cert", help="serving certificate, PEM (default: server.tlsCert, certs/dev/tls.crt)")
-    serve.add_argument("--tls-key", help="its private key, PEM (default: server.tlsKey, certs/dev/tls.key)")
+    serve.add_argument("--tls-cert", help="serving certificate, PEM (default: server.tlsCert, /tls/tls.crt)")
+    serve.add_argument("--tls-key", help="its private key, PEM (default: server.tlsKey, /tls/tls.key)")
     serve.add_argument(
         "--client-ca", help="require client certificates signed by this CA (default: server.clientCa, none)"
     )

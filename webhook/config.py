@@ -101,9 +101,9 @@ class ServerSettings(_Section):
     """Address to listen on."""
     port: int = Field(default=8443, ge=1, le=65535)
     """HTTPS port."""
-    tls_cert: str = "certs/dev/tls.crt"
-    """Serving certificate (PEM), reloaded when the file changes."""
-    tls_key: str = "certs/dev/tls.key"
+    tls_cert: str = "/tls/tls.crt"
+    """Serving certificate (PEM), reloaded when the file changes; the default is where the chart mounts it."""
+    tls_key: str = "/tls/tls.key"
     """Its private key (PEM)."""
     client_ca: str | None = None
     """Require client certificates signed by this CA (PEM)."""
