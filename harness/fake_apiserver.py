@@ -7,8 +7,9 @@ Single objects (Secrets, MutatingWebhookConfigurations) are created, read, repla
 deleted with optimistic concurrency; their collections are listed and watched with a
 `metadata.name` field selector, as a webhook watching its own configuration does.
 
-What it does not prove: authentication and RBAC (every request is allowed), admission, defaulting and
-validation of what is stored, server-side apply, and protobuf or Table encodings."""
+What it does not prove: authentication and RBAC (every request is allowed, unless `refuse` makes it
+answer every read 401 or 403 as a real API server refusing the credentials or the permission), admission,
+defaulting and validation of what is stored, server-side apply, and protobuf or Table encodings."""
 
 from __future__ import annotations
 
@@ -175,6 +176,27 @@ def _labels_match(obj: dict[str, Any], selector: str) -> bool:
     return all(labels.get(key) == value for key, value in pairs)
 
 
+def refusal(code: int, path: str) -> dict[str, Any]:
+    """The Status a real API server answers a request it refuses: 401 for credentials it does not accept
+    (its message is just the reason), 403 for a user it does not permit."""
+    if code == 401:
+        reason, message = "Unauthorized", "Unauthorized"
+    else:
+        resource = path.rstrip("/").rsplit("/", 1)[-1]
+        reason = "Forbidden"
+        who = f'User "fake" cannot list resource "{resource}" in API group "" at the cluster scope'
+        message = f"{resource} is forbidden: {who}"
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
+
+
 class FakeAPIServer:
     def __init__(self, version: str = "1.33.0") -> None:
         self.version = version  # what /version says
@@ -189,6 +211,7 @@ class FakeAPIServer:
         self.requests: list[str] = []
         self.generation = 0  # bumped to drop every open watch
         self.fail_lists = 0  # answer this many list requests with 500 first
+        self.refuse: int | None = None  # answer every GET with this status (REFUSALS)
         self.patches: list[tuple[str, dict[str, Any]]] = []
         self.expire_next_continue = False  # answer the next continued list with 410, as after etcd compaction
         self.snapshots: dict[str, list[dict[str, Any]]] = {}
@@ -382,6 +405,9 @@ class FakeAPIServer:
             def do_GET(self) -> None:
                 url = urlparse(self.path)
                 api.requests.append(self.path)
+                if api.refuse is not None:
+                    self._json(api.refuse, refusal(api.refuse, url.path))
+                    return
                 query = {k: v[-1] for k, v in parse_qs(url.query).items()}
                 if url.path in api.store:
                     self._json(200, api.store[url.path])

@@ -4,6 +4,8 @@ the list and watch protocol (harness/fake_apiserver.py)."""
 from __future__ import annotations
 
 import gc
+import logging
+import re
 import time
 import weakref
 from collections.abc import Callable, Iterator
@@ -14,11 +16,12 @@ import orjson
 import pytest
 from kubernetes.client import CoreV1Api
 from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import MaxRetryError, NewConnectionError, ProtocolError, ReadTimeoutError
 
 from harness.environment import eventually
 from harness.fake_apiserver import FakeAPIServer, namespace, node
 from webhook.cluster.access import ClusterView, api_client
-from webhook.cluster.errors import ClusterAccessError
+from webhook.cluster.errors import ClusterAccessError, failure
 from webhook.cluster.informer import Informer, list_pages
 from webhook.cluster.nodes import project_node
 from webhook.config import ClusterSettings
@@ -289,3 +292,102 @@ def test_a_page_fetched_ahead_that_fails_leaves_nothing_for_the_collector() -> N
         assert [ref() for ref in held] == [None]
     finally:
         gc.enable()
+
+
+# --- what the caches say when the API server cannot be listed -------------------------------------------
+
+
+def _refused() -> MaxRetryError:
+    reason = NewConnectionError(None, "Failed to establish a new connection: [Errno 111] Connection refused")  # type: ignore[arg-type]
+    return MaxRetryError(None, "/api/v1/nodes?limit=500", reason)  # type: ignore[arg-type]
+
+
+def _forbidden() -> ApiException:
+    refused = ApiException(status=403, reason="Forbidden")
+    refused.body = orjson.dumps(
+        {"kind": "Status", "message": 'nodes is forbidden: User "x" cannot list resource'}
+    ).decode()
+    return refused
+
+
+@pytest.mark.parametrize(
+    ("error", "said"),
+    [
+        (_refused(), "connection refused"),
+        (ApiException(status=401, reason="Unauthorized"), "401 Unauthorized"),
+        (_forbidden(), '403 Forbidden: nodes is forbidden: User "x" cannot list resource'),
+        (ReadTimeoutError(None, "/api/v1/nodes", "Read timed out. (read timeout=60)"), "timed out"),  # type: ignore[arg-type]
+        (ProtocolError("Connection broken: IncompleteRead(0 bytes read, 2 more expected)"), "the connection broke off"),
+        (
+            ProtocolError("Connection aborted.", ConnectionResetError(104, "Connection reset by peer")),
+            "connection reset",
+        ),
+        (orjson.JSONDecodeError("unexpected character", "<html>", 0), "an answer that is not JSON"),
+        (TypeError("'NoneType' object is not subscriptable"), None),  # a fault of ours: no plain reason
+    ],
+    ids=["refused", "401", "403", "read timeout", "cut short", "reset", "not JSON", "a fault of ours"],
+)
+def test_a_failed_request_is_said_in_plain_words(error: Exception, said: str | None) -> None:
+    why = failure(error)
+    assert (why if said is None else (why or "")[: len(said)]) == said
+    assert "Error" not in (why or ""), "no class names where a plain reason exists"
+
+
+def _failing(error: Exception, calls: list[float]) -> Callable[..., Any]:
+    def list_call(**_kwargs: Any) -> Any:
+        calls.append(time.monotonic())
+        raise error
+
+    return list_call
+
+
+def _steps(error: Exception, count: int, caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    """The records of an informer whose every list fails with `error`, over `count` back-off steps."""
+    calls: list[float] = []
+    informer: Informer[str] = Informer(
+        "node", _failing(error, calls), str, backoff=(0.01, 0.04), server="https://127.0.0.1:1"
+    )
+    with caplog.at_level(logging.INFO):
+        thread = informer.start()
+        assert eventually(lambda: len(calls) >= count)
+        informer.stopping.set()
+        thread.join(5)
+    return [r for r in caplog.records if r.name.startswith(("webhook", "urllib3"))]
+
+
+def test_an_unreachable_api_server_is_one_line_per_back_off_step(caplog: pytest.LogCaptureFixture) -> None:
+    records = _steps(_refused(), 4, caplog)
+    assert len(records) >= 4
+    line = re.compile(
+        r"node cache: cannot list nodes from https://127\.0\.0\.1:1: connection refused; retrying in \d+\.\d s"
+    )
+    for record in records:
+        assert record.levelno == logging.WARNING
+        assert line.fullmatch(record.getMessage()), record.getMessage()
+        assert record.exc_info is None
+
+
+def test_a_fault_of_ours_logs_its_traceback_once_not_at_every_step(caplog: pytest.LogCaptureFixture) -> None:
+    records = _steps(TypeError("'NoneType' object is not subscriptable"), 4, caplog)
+    assert len(records) >= 4
+    assert all("cannot list nodes from https://127.0.0.1:1: unexpected TypeError:" in r.getMessage() for r in records)
+    assert [bool(r.exc_info) for r in records] == [True] + [False] * (len(records) - 1)
+
+
+def test_a_refusing_api_server_is_said_with_its_status_and_message(
+    api: FakeAPIServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    api.refuse = 403
+    cluster = _view(api, tmp_path)
+    with caplog.at_level(logging.WARNING, logger="webhook.cluster.informer"):
+        cluster.start()
+        try:
+            assert eventually(lambda: len(caplog.records) >= 4)
+        finally:
+            cluster.stop()
+    said = {r.getMessage().split("; retrying")[0] for r in caplog.records}
+    assert said == {
+        f"{name} cache: cannot list {name}s from {api.url}: 403 Forbidden: {name}s is forbidden: "
+        f'User "fake" cannot list resource "{name}s" in API group "" at the cluster scope'
+        for name in ("node", "namespace")
+    }

@@ -55,6 +55,7 @@ class ClusterView:
         self, api: client.ApiClient, label: str | None = None, labeller_interval: float = 10.0, **informer_options: Any
     ) -> None:
         core = client.CoreV1Api(api)
+        informer_options.setdefault("server", api.configuration.host)
         self.nodes = NodeCache(core.list_node, **informer_options)
         self.namespaces = NamespaceCache(core.list_namespace, **informer_options)
         self.labeller: Labeller | None = None

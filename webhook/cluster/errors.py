@@ -20,6 +20,10 @@ class Gone(Exception):
     """The resourceVersion we hold has been compacted away: relist."""
 
 
+class WatchError(Exception):
+    """The API server ended a watch with an error event other than `410 Gone`."""
+
+
 _ERRNO = re.compile(r"\[Errno -?\d+\] ([^'\")\]]+)")
 
 
@@ -41,6 +45,40 @@ def plainly(exc: BaseException) -> str:
     if isinstance(exc, OSError):
         return _cause(exc)
     return str(exc) or "unexpected error"
+
+
+def failure(exc: BaseException) -> str | None:
+    """Why a request to the API server failed, in plain words and without the server's address (the caller
+    names it): its answer as status, reason and message (`403 Forbidden: nodes is forbidden: ...`), or why
+    it could not be reached or read (`connection refused`, `timed out`, `TLS verification failed: ...`).
+    None when the exception is neither: a fault of ours, not of the cluster or the way to it."""
+    from kubernetes.client.exceptions import ApiException
+
+    if isinstance(exc, ApiException):
+        message = _status_message(exc.body)
+        said = f"{exc.status} {exc.reason}" if exc.reason else f"{exc.status}"
+        return said + (f": {message}" if message and message != exc.reason else "")
+    if isinstance(exc, WatchError):
+        return f"the API server ended the watch: {exc}"
+    if isinstance(exc, json.JSONDecodeError):  # orjson's error is one
+        return f"an answer that is not JSON ({exc})"
+    return _unreachable(exc)
+
+
+def _unreachable(exc: BaseException) -> str | None:
+    """Why the API server could not be reached, or its answer read to the end; None for anything else."""
+    from urllib3.exceptions import HTTPError, MaxRetryError, ProtocolError
+
+    if isinstance(exc, MaxRetryError):
+        return _cause(exc.reason)
+    if isinstance(exc, ssl.SSLError):
+        return _tls(exc)
+    if isinstance(exc, ProtocolError):  # urllib3's: its arguments hold the OSError, if there was one
+        cause = next((arg for arg in exc.args if isinstance(arg, OSError)), None)
+        return _cause(cause) if cause is not None else "the connection broke off in the middle of an answer"
+    if isinstance(exc, (HTTPError, OSError)):
+        return _cause(exc)
+    return None
 
 
 def _tls(exc: ssl.SSLError) -> str:

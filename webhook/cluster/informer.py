@@ -36,7 +36,7 @@ from kubernetes.client.exceptions import ApiException
 
 from webhook import objects
 from webhook.cluster import decoding
-from webhook.cluster.errors import Gone
+from webhook.cluster.errors import Gone, WatchError, failure
 
 log = logging.getLogger(__name__)
 
@@ -167,8 +167,14 @@ class Informer(Generic[T]):
         watch_seconds: int = WATCH_SECONDS,
         backoff: tuple[float, float] = (0.5, 30.0),
         table: Rows | None = None,
+        resource: str | None = None,
+        server: str | None = None,
     ) -> None:
+        """`resource` and `server` name what is listed and where, in the lines that say why it failed
+        (default: the name made plural, and no server)."""
         self.name = name
+        self.resource = resource or f"{name}s"
+        self.server = server
         self._table = table
         # Table pages and events are read without their rows' managedFields (decoding.py).
         self._decode_page = decoding.table_page if table is not None else orjson.loads
@@ -186,6 +192,7 @@ class Informer(Generic[T]):
         self.stopping = threading.Event()
         self.relists = 0
         self.skipped_events = 0
+        self._traced: set[type[BaseException]] = set()  # the unexpected errors whose traceback was logged
 
     @property
     def items(self) -> Mapping[str, T]:
@@ -385,7 +392,7 @@ class Informer(Generic[T]):
         if kind == "ERROR":
             if obj.get("code") == 410:
                 raise Gone(obj.get("message", "resource version too old"))
-            raise RuntimeError(f"watch error: {obj.get('message') or obj}")
+            raise WatchError(str(obj.get("message") or obj))
         version = (obj.get("metadata") or {}).get("resourceVersion")
         unwrapped = self._unwrap(kind, obj)
         if unwrapped is None:
@@ -436,18 +443,34 @@ class Informer(Generic[T]):
                     need_list = True
                     log.info("%s cache: list continuation expired; relisting", self.name)
                     continue
-                self._sleep(failures, f"API error {exc.status}: {exc.reason}")
-            except Exception as exc:  # a dropped connection, a timeout, a bad page
+                self._sleep(failures, "list" if need_list else "watch", exc)
+            except Exception as exc:  # a dropped connection, a timeout, a bad page, or a fault of ours
                 failures += 1
-                self._sleep(failures, f"{type(exc).__name__}: {exc}", exc)
+                self._sleep(failures, "list" if need_list else "watch", exc)
 
-    def _sleep(self, failures: int, why: str, error: Exception | None = None) -> None:
-        """Back off; an unexpected error (not the API's own answer) is logged with its traceback, once per
-        run of failures."""
+    def _sleep(self, failures: int, verb: str, error: Exception) -> None:
+        """Back off, having said why in one line: what could not be listed or watched, from where, and the
+        reason in plain words. An error that is neither the API's answer nor the way to it failing (a fault
+        of ours) is named by its class, and its traceback logged the first time that class is seen."""
         low, high = self._backoff
         delay = min(high, low * 2 ** (failures - 1)) * random.uniform(0.8, 1.2)  # noqa: S311 - jitter, not security
-        trace = error if error is not None and failures == 1 else None
-        log.warning("%s cache: %s; retrying in %.1f s", self.name, why, delay, exc_info=trace)
+        why = failure(error)
+        trace = None
+        if why is None:
+            why = f"unexpected {type(error).__name__}: {error}"
+            trace = error if type(error) not in self._traced else None
+            self._traced.add(type(error))
+        where = f" from {self.server}" if self.server else ""
+        log.warning(
+            "%s cache: cannot %s %s%s: %s; retrying in %.1f s",
+            self.name,
+            verb,
+            self.resource,
+            where,
+            why,
+            delay,
+            exc_info=trace,
+        )
         self.stopping.wait(delay)
 
     def start(self) -> threading.Thread:

@@ -84,6 +84,8 @@ class AdmissionKeeper:
             _project,
             on_change=self._changed,
             backoff=(0.5, 10.0),
+            resource=f"the MutatingWebhookConfiguration {manager.webhook_config}",
+            server=manager.admission.api_client.configuration.host,
         )
         self.informer.stopping = self.stopping
 
