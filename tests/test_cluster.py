@@ -20,7 +20,7 @@ from urllib3.exceptions import MaxRetryError, NewConnectionError, ProtocolError,
 
 from harness.environment import eventually
 from harness.fake_apiserver import FakeAPIServer, namespace, node
-from webhook.cluster.access import ClusterView, api_client
+from webhook.cluster.access import ClusterView, api_client, client_without_retries, load_configuration
 from webhook.cluster.errors import ClusterAccessError, failure
 from webhook.cluster.informer import Informer, list_pages
 from webhook.cluster.nodes import project_node
@@ -391,3 +391,82 @@ def test_a_refusing_api_server_is_said_with_its_status_and_message(
         f'User "fake" cannot list resource "{name}s" in API group "" at the cluster scope'
         for name in ("node", "namespace")
     }
+
+
+def _kubeconfig(path: Path, server: str = "https://127.0.0.1:1") -> Path:
+    path.write_text(
+        orjson.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": server}}],
+                "users": [{"name": "u", "user": {"token": "a-secret-token"}}],
+                "contexts": [{"name": "ours", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "ours",
+            }
+        ).decode()
+    )
+    return path
+
+
+def test_cluster_access_says_once_where_it_comes_from(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("KUBECONFIG", str(_kubeconfig(tmp_path / "from-env")))
+    named = _kubeconfig(tmp_path / "named", "https://10.0.0.1:6443")
+    with caplog.at_level(logging.INFO, logger="webhook.cluster.access"):
+        assert load_configuration(ClusterSettings()) is not None
+        assert load_configuration(ClusterSettings(kubeconfig=str(named), context="ours")) is not None
+    assert [r.getMessage() for r in caplog.records] == [
+        f"cluster access: kubeconfig {tmp_path / 'from-env'} ($KUBECONFIG), context ours, API server https://127.0.0.1:1",
+        f"cluster access: kubeconfig {named} (cluster.kubeconfig), context ours, API server https://10.0.0.1:6443",
+    ]
+    assert "a-secret-token" not in caplog.text
+
+
+def test_in_cluster_access_names_the_service_accounts_namespace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from kubernetes.config import incluster_config
+
+    from webhook.cluster import access
+
+    for name, text in (("token", "a-secret-token"), ("ca.crt", "a CA"), ("namespace", "flyte-system")):
+        (tmp_path / name).write_text(text)
+    monkeypatch.setattr(incluster_config, "SERVICE_TOKEN_FILENAME", str(tmp_path / "token"))
+    monkeypatch.setattr(incluster_config, "SERVICE_CERT_FILENAME", str(tmp_path / "ca.crt"))
+    monkeypatch.setattr(access, "SERVICE_ACCOUNT_TOKEN", tmp_path / "token")
+    monkeypatch.setattr(access, "SERVICE_ACCOUNT_NAMESPACE", tmp_path / "namespace")
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    with caplog.at_level(logging.INFO, logger="webhook.cluster.access"):
+        assert load_configuration(ClusterSettings()) is not None
+    assert [r.getMessage() for r in caplog.records] == [
+        "cluster access: the in-cluster service account of namespace flyte-system, API server https://10.96.0.1:443"
+    ]
+    assert "a-secret-token" not in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("just a string\n", "is not a kubeconfig"),
+        ("clusters: [\n", "cannot read the kubeconfig"),
+    ],
+)
+def test_a_kubeconfig_that_cannot_be_read_is_said_so(tmp_path: Path, text: str, said: str) -> None:
+    (tmp_path / "kubeconfig").write_text(text)
+    with pytest.raises(ClusterAccessError, match=said):
+        load_configuration(ClusterSettings(kubeconfig=str(tmp_path / "kubeconfig")))
+
+
+def test_the_caches_client_leaves_retrying_to_them(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A request to a closed port fails at once with one reason, without urllib3's retries (a warning each)."""
+    configuration = load_configuration(ClusterSettings(kubeconfig=str(_kubeconfig(tmp_path / "kubeconfig"))))
+    assert configuration is not None
+    with caplog.at_level(logging.WARNING), pytest.raises(MaxRetryError) as caught:
+        CoreV1Api(client_without_retries(configuration)).list_node(_request_timeout=5)
+    assert failure(caught.value) == "connection refused"
+    assert caplog.records == []
+    assert configuration.retries is None, "the configuration given is left as it was"

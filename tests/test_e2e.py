@@ -3,7 +3,9 @@ certificates, talked to as the API server does (TLS verified against the CA bund
 
 from __future__ import annotations
 
+import math
 import os
+import re
 import signal
 import socket
 import ssl
@@ -22,7 +24,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from certs.authority import generate_ca, generate_files, issue_serving, write_files
 from harness.environment import eventually
-from harness.fake_apiserver import FakeAPIServer, namespace, node
+from harness.fake_apiserver import FakeAPIServer, namespace, node, write_kubeconfig
 from harness.server_process import Server, client_context, free_port, running_server
 from tests.helpers import apply, decoded_patch, pod, review, validate
 
@@ -303,4 +305,73 @@ def test_a_server_that_cannot_listen_exits_1_with_one_line_saying_why(tls_dir: P
     expected = f"cannot listen on 127.0.0.1:{port}: address already in use" if case == "port in use" else "TMPDIR="
     assert len(errors) == 1, done.stderr
     assert expected in errors[0]
+    assert "Traceback" not in done.stderr
+
+
+def _cache_warnings(output: str) -> dict[str, list[str]]:
+    lines = [line for line in output.splitlines() if " WARNING webhook.cluster.informer: " in line]
+    return {name: [line for line in lines if f": {name} cache: " in line] for name in ("node", "namespace")}
+
+
+def _back_off_steps(seconds: float, first: float = 0.5) -> float:
+    """How many back-off steps can fit in `seconds`: each waits at least 0.8 times `first` * 2**(step - 1)."""
+    return math.log2(seconds / (0.8 * first) + 1) + 1
+
+
+def test_an_unreachable_api_server_is_one_plain_line_per_cache_and_back_off_step(tls_dir: Path, tmp_path: Path) -> None:
+    """What a user sees starting serve with a kubeconfig whose API server refuses connections: where the
+    access comes from, once, then one line per cache and retry naming the server, the reason and the delay;
+    no traceback, no retries of the HTTP client's own, a number of lines that grows with the back-off."""
+    server_url = f"https://127.0.0.1:{free_port()}"  # a loopback port nothing listens on
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", server_url)
+    started = time.monotonic()
+    with running_server(tls_dir, tmp_path / "srv", env={"KUBECONFIG": str(kubeconfig)}) as server:
+        time.sleep(3)
+    elapsed = time.monotonic() - started
+    output = server.output()
+    said = f"cluster access: kubeconfig {kubeconfig} ($KUBECONFIG), context fake, API server {server_url}"
+    assert output.count(said) == 1, output
+    assert "Traceback" not in output
+    assert "Retrying (Retry" not in output
+    assert "test-token" not in output  # the kubeconfig's token
+    warnings = _cache_warnings(output)
+    for name, lines in warnings.items():
+        line = re.compile(
+            rf".* WARNING webhook\.cluster\.informer: {name} cache: cannot list {name}s from {re.escape(server_url)}: "
+            r"connection refused; retrying in \d+\.\d s"
+        )
+        assert 2 <= len(lines) <= _back_off_steps(elapsed), output
+        assert all(line.fullmatch(text) for text in lines), output
+    others = [line for line in output.splitlines() if " webhook.cluster.informer: " not in line]
+    assert len(others) <= 8, output  # the access, serving, the drain and uvicorn's start and stop
+
+
+def test_credentials_the_api_server_refuses_are_said_401_unauthorized(
+    tls_dir: Path, tmp_path: Path, api: FakeAPIServer
+) -> None:
+    api.refuse = 401
+    kubeconfig = api.kubeconfig(tmp_path / "kubeconfig")
+    with running_server(tls_dir, tmp_path / "srv", env={"KUBECONFIG": str(kubeconfig)}) as server:
+        assert eventually(lambda: all(_cache_warnings(server.output()).values()))
+    output = server.output()
+    for name, lines in _cache_warnings(output).items():
+        assert all(
+            f"{name} cache: cannot list {name}s from {api.url}: 401 Unauthorized; retrying in" in x for x in lines
+        )
+    assert "Traceback" not in output
+
+
+def test_a_kubeconfig_it_cannot_read_exits_1_with_one_line_saying_why(tls_dir: Path, tmp_path: Path) -> None:
+    """No cluster access it was told to use (docs/command-line.md): exit 1, one ERROR line, no traceback."""
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text("a kubeconfig this is not\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COPILOT_WEBHOOK_")}
+    env.update(HOME=str(tmp_path), KUBECONFIG=str(kubeconfig))
+    command = [sys.executable, "-m", "webhook", "serve", "--host", "127.0.0.1", "--port", str(free_port())]
+    command += ["--tls-cert", str(tls_dir / "tls.crt"), "--tls-key", str(tls_dir / "tls.key")]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=60, check=False)
+    assert done.returncode == 1, done.stderr
+    assert [line.split(" ERROR ", 1)[1] for line in done.stderr.splitlines() if " ERROR " in line] == [
+        f"webhook.web.serve: the kubeconfig {kubeconfig} is not a kubeconfig"
+    ]
     assert "Traceback" not in done.stderr

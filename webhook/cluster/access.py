@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 from pathlib import Path
 from typing import Any
 
+import yaml
 from kubernetes import client, config
 
 from webhook.cluster.errors import ClusterAccessError
@@ -19,33 +21,97 @@ from webhook.mutation.facts import ClusterFacts, ExportedFacts, NodeSnapshot, No
 log = logging.getLogger(__name__)
 
 SERVICE_ACCOUNT_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
+SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+def load_configuration(settings: ClusterSettings) -> client.Configuration | None:
+    """The client configuration per `cluster.enabled`: `auto` uses the in-cluster service account or a
+    kubeconfig when one is present and runs without cluster facts otherwise; `true` requires access; `false`
+    never. Says at INFO where the access comes from (the service account and its namespace, or the kubeconfig,
+    its context and server); never a token or any other credential."""
+    if settings.enabled == "false":
+        return None
+    kubeconfig, source = _kubeconfig(settings)
+    in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and SERVICE_ACCOUNT_TOKEN.exists()
+    if settings.kubeconfig is None and settings.context is None and in_cluster:
+        return _in_cluster()
+    if Path(kubeconfig.split(os.pathsep)[0]).exists():
+        return _from_kubeconfig(kubeconfig, source, settings.context)
+    if settings.kubeconfig is not None:
+        raise ClusterAccessError(f"the kubeconfig {settings.kubeconfig} does not exist")
+    if settings.enabled == "true":
+        raise ClusterAccessError("cluster.enabled is true, but there is no service account and no kubeconfig")
+    log.info("no service account and no kubeconfig: running without cluster facts")
+    return None
+
+
+def _in_cluster() -> client.Configuration:
+    configuration = client.Configuration()
+    try:
+        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    except config.ConfigException as exc:
+        raise ClusterAccessError(f"cannot load cluster credentials: {exc}") from None
+    except OSError as exc:
+        raise ClusterAccessError(f"cannot read the service account's credentials: {exc}") from None
+    try:
+        namespace = SERVICE_ACCOUNT_NAMESPACE.read_text().strip() or "(empty)"
+    except OSError:
+        namespace = "(unknown)"
+    log.info(
+        "cluster access: the in-cluster service account of namespace %s, API server %s", namespace, configuration.host
+    )
+    return configuration
+
+
+def _from_kubeconfig(kubeconfig: str, source: str, context: str | None) -> client.Configuration:
+    configuration = client.Configuration()
+    try:
+        config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=kubeconfig, context=context, client_configuration=configuration
+        )
+        context = context or _current_context(kubeconfig)
+    except config.ConfigException as exc:
+        raise ClusterAccessError(f"cannot load cluster credentials: {exc}") from None
+    except OSError as exc:
+        raise ClusterAccessError(f"cannot read the kubeconfig {kubeconfig}: {exc.strerror or exc}") from None
+    except (ValueError, yaml.YAMLError) as exc:
+        raise ClusterAccessError(f"cannot read the kubeconfig {kubeconfig}: {exc}") from None
+    except (TypeError, AttributeError, KeyError):  # YAML, but not shaped as a kubeconfig
+        raise ClusterAccessError(f"the kubeconfig {kubeconfig} is not a kubeconfig") from None
+    log.info(
+        "cluster access: kubeconfig %s (%s), context %s, API server %s", kubeconfig, source, context, configuration.host
+    )
+    return configuration
+
+
+def _kubeconfig(settings: ClusterSettings) -> tuple[str, str]:
+    """The kubeconfig that would be read, and where its name comes from."""
+    if settings.kubeconfig:
+        return settings.kubeconfig, "cluster.kubeconfig"
+    if os.environ.get("KUBECONFIG"):
+        return os.environ["KUBECONFIG"], "$KUBECONFIG"
+    return str(Path.home() / ".kube" / "config"), "the default"
+
+
+def _current_context(kubeconfig: str) -> str:
+    _contexts, current = config.list_kube_config_contexts(config_file=kubeconfig)  # type: ignore[no-untyped-call]
+    name = current.get("name") if isinstance(current, dict) else None
+    return str(name) if name else "(none)"
 
 
 def api_client(settings: ClusterSettings) -> client.ApiClient | None:
-    """An API client per `cluster.enabled`: `auto` uses the in-cluster service account or a kubeconfig
-    when one is present and runs without cluster facts otherwise; `true` requires access; `false` never."""
-    if settings.enabled == "false":
-        return None
-    configuration = client.Configuration()
-    kubeconfig = settings.kubeconfig or os.environ.get("KUBECONFIG") or str(Path.home() / ".kube" / "config")
-    in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and SERVICE_ACCOUNT_TOKEN.exists()
-    try:
-        if settings.kubeconfig is None and settings.context is None and in_cluster:
-            config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-        elif Path(kubeconfig.split(os.pathsep)[0]).exists():
-            config.load_kube_config(  # type: ignore[no-untyped-call]
-                config_file=kubeconfig, context=settings.context, client_configuration=configuration
-            )
-        elif settings.kubeconfig is not None:
-            raise ClusterAccessError(f"the kubeconfig {settings.kubeconfig} does not exist")
-        elif settings.enabled == "true":
-            raise ClusterAccessError("cluster.enabled is true, but there is no service account and no kubeconfig")
-        else:
-            log.info("no service account and no kubeconfig: running without cluster facts")
-            return None
-    except config.ConfigException as exc:
-        raise ClusterAccessError(f"cannot load cluster credentials: {exc}") from None
-    return client.ApiClient(configuration)
+    """An API client per `cluster.enabled` (load_configuration)."""
+    configuration = load_configuration(settings)
+    return client.ApiClient(configuration) if configuration is not None else None
+
+
+def client_without_retries(configuration: client.Configuration) -> client.ApiClient:
+    """A client on a copy of `configuration` whose requests urllib3 does not retry, for callers that back off
+    themselves (the caches): a failed request is then one failure, said once by them, not first retried
+    three times at once, each retry a warning of urllib3's own."""
+    own = copy.deepcopy(configuration)
+    own.retries = 0
+    return client.ApiClient(own)
 
 
 class ClusterView:

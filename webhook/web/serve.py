@@ -22,10 +22,10 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, NamedTuple
 
-from kubernetes.client import ApiClient
+from kubernetes.client import ApiClient, Configuration
 from pydantic.alias_generators import to_camel
 
-from webhook.cluster.access import ClusterView, api_client
+from webhook.cluster.access import ClusterView, client_without_retries, load_configuration
 from webhook.cluster.certificates import CertificateManager, own_namespace
 from webhook.cluster.errors import ClusterAccessError
 from webhook.cluster.keeper import AdmissionKeeper
@@ -287,18 +287,18 @@ def serve(
 ) -> int:
     """Serve until a signal stops it; 1 when something needed to start is missing."""
     metrics = Metrics()
+    try:
+        cluster = load_configuration(settings.cluster)  # says once where the access comes from
+    except ClusterAccessError as exc:
+        log.error("%s", exc)
+        return 1
     keeper = None
     if managed is not None:
-        keeper = _keeper(settings, managed, check_address, metrics=metrics)
+        keeper = _keeper(settings, managed, cluster, check_address, metrics=metrics)
         if keeper is None:
             return 1
     tls = _tls(settings.server)
     if tls is None:
-        return 1
-    try:
-        api = api_client(settings.cluster)
-    except ClusterAccessError as exc:
-        log.error("%s", exc)
         return 1
     if settings.server.idle_timeout_seconds <= API_SERVER_IDLE_SECONDS:
         log.warning(
@@ -307,7 +307,7 @@ def serve(
             settings.server.idle_timeout_seconds,
             API_SERVER_IDLE_SECONDS,
         )
-    view = _cluster_view(settings, api, metrics)
+    view = _cluster_view(settings, cluster, metrics)
     app = WebhookApp(
         settings,
         metrics,
@@ -339,13 +339,13 @@ def _tls(server: ServerSettings) -> ReloadingTLS | None:
         return None
 
 
-def _cluster_view(settings: Settings, api: ApiClient | None, metrics: Metrics) -> ClusterView | None:
+def _cluster_view(settings: Settings, cluster: Configuration | None, metrics: Metrics) -> ClusterView | None:
     """The namespace and node caches, filling in the background (requests never wait for them); none
-    without cluster access."""
-    if api is None:
+    without cluster access. Their requests are not retried by urllib3: the caches back off themselves."""
+    if cluster is None:
         return None
     label = settings.image_puller.runtime_label if settings.image_puller.labeller else None
-    view = ClusterView(api, label=label)
+    view = ClusterView(client_without_retries(cluster), label=label)
     view.start()
     metrics.watch_nodes(view.nodes.by_runtime)
     return view
@@ -385,6 +385,7 @@ def _run(process: Process, view: ClusterView | None, *, keeper: AdmissionKeeper 
 def _keeper(
     settings: Settings,
     managed: ManagedTLS,
+    cluster: Configuration | None,
     check_address: tuple[str, int] | None,
     *,
     metrics: Metrics,
@@ -393,11 +394,16 @@ def _keeper(
     secret, webhook_config, service, days, dns = managed
     namespace = own_namespace()
     try:
-        api = api_client(settings.cluster)
-        if api is None or namespace is None:
+        if cluster is None or namespace is None:
             raise ClusterAccessError("--webhook-config needs cluster access and the pod's namespace ($POD_NAMESPACE)")
         manager = CertificateManager(
-            api, secret or "", namespace, webhook_config=webhook_config, service=service, days=days, dns=dns
+            ApiClient(cluster),
+            secret or "",
+            namespace,
+            webhook_config=webhook_config,
+            service=service,
+            days=days,
+            dns=dns,
         )
         if check_address is None:
             # Our own listener, as the API server would dial it: not whichever replica the Service picks.
