@@ -21,7 +21,7 @@ from urllib3.exceptions import MaxRetryError, NewConnectionError, ProtocolError,
 from harness.environment import eventually
 from harness.fake_apiserver import FakeAPIServer, namespace, node
 from webhook.cluster.access import ClusterView, api_client, client_without_retries, load_configuration
-from webhook.cluster.errors import ClusterAccessError, failure
+from webhook.cluster.errors import ClusterAccessError, EnsureError, described, failure
 from webhook.cluster.informer import Informer, list_pages
 from webhook.cluster.nodes import project_node
 from webhook.config import ClusterSettings
@@ -331,6 +331,15 @@ def test_a_failed_request_is_said_in_plain_words(error: Exception, said: str | N
     why = failure(error)
     assert (why if said is None else (why or "")[: len(said)]) == said
     assert "Error" not in (why or ""), "no class names where a plain reason exists"
+
+
+def test_our_own_errors_are_said_by_their_message_and_anything_else_is_ours() -> None:
+    assert described(EnsureError("MutatingWebhookConfiguration cw not found")) == (
+        "MutatingWebhookConfiguration cw not found",
+        False,
+    )
+    assert described(_refused()) == ("connection refused", False)
+    assert described(KeyError("name")) == ("unexpected KeyError: 'name'", True)
 
 
 def _failing(error: Exception, calls: list[float]) -> Callable[..., Any]:

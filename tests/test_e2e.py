@@ -308,9 +308,13 @@ def test_a_server_that_cannot_listen_exits_1_with_one_line_saying_why(tls_dir: P
     assert "Traceback" not in done.stderr
 
 
-def _cache_warnings(output: str) -> dict[str, list[str]]:
+CACHES = {"node": "nodes", "namespace": "namespaces"}  # each cache and what it lists
+KEEPER = ("--webhook-config", "cw", "--service", "cw")  # and the webhook configuration's, as in a cluster
+
+
+def _cache_warnings(output: str, caches: dict[str, str] = CACHES) -> dict[str, list[str]]:
     lines = [line for line in output.splitlines() if " WARNING webhook.cluster.informer: " in line]
-    return {name: [line for line in lines if f": {name} cache: " in line] for name in ("node", "namespace")}
+    return {name: [line for line in lines if f": {name} cache: " in line] for name in caches}
 
 
 def _back_off_steps(seconds: float, first: float = 0.5) -> float:
@@ -318,14 +322,19 @@ def _back_off_steps(seconds: float, first: float = 0.5) -> float:
     return math.log2(seconds / (0.8 * first) + 1) + 1
 
 
-def test_an_unreachable_api_server_is_one_plain_line_per_cache_and_back_off_step(tls_dir: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("args", [(), KEEPER], ids=["caches", "caches and keeper"])
+def test_an_unreachable_api_server_is_one_plain_line_per_cache_and_back_off_step(
+    tls_dir: Path, tmp_path: Path, args: tuple[str, ...]
+) -> None:
     """What a user sees starting serve with a kubeconfig whose API server refuses connections: where the
     access comes from, once, then one line per cache and retry naming the server, the reason and the delay;
     no traceback, no retries of the HTTP client's own, a number of lines that grows with the back-off."""
     server_url = f"https://127.0.0.1:{free_port()}"  # a loopback port nothing listens on
     kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", server_url)
+    env = {"KUBECONFIG": str(kubeconfig), "POD_NAMESPACE": "flyte"}
+    caches = {**CACHES, **({"webhook-configuration": "the MutatingWebhookConfiguration cw"} if args else {})}
     started = time.monotonic()
-    with running_server(tls_dir, tmp_path / "srv", env={"KUBECONFIG": str(kubeconfig)}) as server:
+    with running_server(tls_dir, tmp_path / "srv", *args, env=env) as server:
         time.sleep(3)
     elapsed = time.monotonic() - started
     output = server.output()
@@ -334,16 +343,19 @@ def test_an_unreachable_api_server_is_one_plain_line_per_cache_and_back_off_step
     assert "Traceback" not in output
     assert "Retrying (Retry" not in output
     assert "test-token" not in output  # the kubeconfig's token
-    warnings = _cache_warnings(output)
-    for name, lines in warnings.items():
+    for name, lines in _cache_warnings(output, caches).items():
         line = re.compile(
-            rf".* WARNING webhook\.cluster\.informer: {name} cache: cannot list {name}s from {re.escape(server_url)}: "
-            r"connection refused; retrying in \d+\.\d s"
+            rf".* WARNING webhook\.cluster\.informer: {name} cache: cannot list {caches[name]} from "
+            rf"{re.escape(server_url)}: connection refused; retrying in \d+\.\d s"
         )
         assert 2 <= len(lines) <= _back_off_steps(elapsed), output
         assert all(line.fullmatch(text) for text in lines), output
     others = [line for line in output.splitlines() if " webhook.cluster.informer: " not in line]
-    assert len(others) <= 8, output  # the access, serving, the drain and uvicorn's start and stop
+    # The access, serving, the drain, uvicorn's start and stop; with the keeper, its self-check (in plain words).
+    assert len(others) <= 8, output
+    if args:
+        check = f"TLS self-check of cw.flyte.svc:443 failed: cannot read the webhook configuration from {server_url}"
+        assert f"{check}: connection refused" in output
 
 
 def test_credentials_the_api_server_refuses_are_said_401_unauthorized(
@@ -361,17 +373,28 @@ def test_credentials_the_api_server_refuses_are_said_401_unauthorized(
     assert "Traceback" not in output
 
 
-def test_a_kubeconfig_it_cannot_read_exits_1_with_one_line_saying_why(tls_dir: Path, tmp_path: Path) -> None:
-    """No cluster access it was told to use (docs/command-line.md): exit 1, one ERROR line, no traceback."""
+@pytest.mark.parametrize("case", ["not a kubeconfig", "no certificate from the cluster"])
+def test_cluster_access_it_cannot_have_exits_1_with_one_line_saying_why(
+    tls_dir: Path, tmp_path: Path, case: str
+) -> None:
+    """Cluster access it was told to use and cannot have (docs/command-line.md): exit 1, one ERROR line
+    saying why in plain words, no traceback."""
     kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text("a kubeconfig this is not\n")
+    if case == "not a kubeconfig":
+        kubeconfig.write_text("a kubeconfig this is not\n")
+        args, expected = [], f"webhook.web.serve: the kubeconfig {kubeconfig} is not a kubeconfig"
+    else:  # the serving certificate is kept in a Secret of a cluster that refuses connections
+        write_kubeconfig(kubeconfig, f"https://127.0.0.1:{free_port()}")
+        args = [*KEEPER, "--certs-secret", "cw-tls"]
+        expected = "webhook.web.serve: cannot ensure the serving certificate in cw-tls: connection refused"
     env = {k: v for k, v in os.environ.items() if not k.startswith("COPILOT_WEBHOOK_")}
-    env.update(HOME=str(tmp_path), KUBECONFIG=str(kubeconfig))
-    command = [sys.executable, "-m", "webhook", "serve", "--host", "127.0.0.1", "--port", str(free_port())]
-    command += ["--tls-cert", str(tls_dir / "tls.crt"), "--tls-key", str(tls_dir / "tls.key")]
+    env.update(HOME=str(tmp_path), KUBECONFIG=str(kubeconfig), POD_NAMESPACE="flyte")
+    command = [sys.executable, "-m", "webhook", "serve", "--host", "127.0.0.1", "--port", str(free_port()), *args]
+    command += ["--tls-cert", str(tmp_path / "tls.crt"), "--tls-key", str(tmp_path / "tls.key")]
+    for name in ("tls.crt", "tls.key"):
+        (tmp_path / name).write_bytes((tls_dir / name).read_bytes())
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=60, check=False)
     assert done.returncode == 1, done.stderr
-    assert [line.split(" ERROR ", 1)[1] for line in done.stderr.splitlines() if " ERROR " in line] == [
-        f"webhook.web.serve: the kubeconfig {kubeconfig} is not a kubeconfig"
-    ]
+    assert [line.split(" ERROR ", 1)[1] for line in done.stderr.splitlines() if " ERROR " in line] == [expected]
     assert "Traceback" not in done.stderr
+    assert "Retrying (Retry" not in done.stderr

@@ -106,9 +106,9 @@ def api_client(settings: ClusterSettings) -> client.ApiClient | None:
 
 
 def client_without_retries(configuration: client.Configuration) -> client.ApiClient:
-    """A client on a copy of `configuration` whose requests urllib3 does not retry, for callers that back off
-    themselves (the caches): a failed request is then one failure, said once by them, not first retried
-    three times at once, each retry a warning of urllib3's own."""
+    """A client on a copy of `configuration` whose requests urllib3 does not retry, for callers that try again
+    themselves (the caches and the keeper of the webhook configuration): a failed request is then one
+    failure, said once by them, not first retried three times at once, each retry a warning of urllib3's own."""
     own = copy.deepcopy(configuration)
     own.retries = 0
     return client.ApiClient(own)

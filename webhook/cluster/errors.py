@@ -65,6 +65,17 @@ def failure(exc: BaseException) -> str | None:
     return _unreachable(exc)
 
 
+def described(exc: BaseException) -> tuple[str, bool]:
+    """What to say of a failure in the cluster layer, and whether it is a fault of ours (worth its traceback):
+    the plain reason `failure` gives, the message of our own errors, or else the class and the message."""
+    if isinstance(exc, (ClusterAccessError, EnsureError)):
+        return str(exc), False
+    why = failure(exc)
+    if why is not None:
+        return why, False
+    return f"unexpected {type(exc).__name__}: {exc}", True
+
+
 def _unreachable(exc: BaseException) -> str | None:
     """Why the API server could not be reached, or its answer read to the end; None for anything else."""
     from urllib3.exceptions import HTTPError, MaxRetryError, ProtocolError

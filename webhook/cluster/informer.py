@@ -36,7 +36,7 @@ from kubernetes.client.exceptions import ApiException
 
 from webhook import objects
 from webhook.cluster import decoding
-from webhook.cluster.errors import Gone, WatchError, failure
+from webhook.cluster.errors import Gone, WatchError, described
 
 log = logging.getLogger(__name__)
 
@@ -454,11 +454,9 @@ class Informer(Generic[T]):
         of ours) is named by its class, and its traceback logged the first time that class is seen."""
         low, high = self._backoff
         delay = min(high, low * 2 ** (failures - 1)) * random.uniform(0.8, 1.2)  # noqa: S311 - jitter, not security
-        why = failure(error)
-        trace = None
-        if why is None:
-            why = f"unexpected {type(error).__name__}: {error}"
-            trace = error if type(error) not in self._traced else None
+        why, ours = described(error)
+        trace = error if ours and type(error) not in self._traced else None
+        if ours:
             self._traced.add(type(error))
         where = f" from {self.server}" if self.server else ""
         log.warning(

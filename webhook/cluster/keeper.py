@@ -25,6 +25,7 @@ from typing import Protocol
 
 from webhook import objects
 from webhook.cluster.certificates import CertificateManager, handshake_verifies
+from webhook.cluster.errors import described
 from webhook.cluster.informer import Informer
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,7 @@ class AdmissionKeeper:
         caBundle the first `ensure` published."""
         self.manager, self.report, self.out = manager, report, out
         self.server_name = manager.names[2]  # <svc>.<ns>.svc, the name the API server dials
+        self.server: str = manager.admission.api_client.configuration.host  # the API server, named in failures
         self.check_address, self.listening = check_address, listening
         self.renew_every, self.check_every = renew_every, check_every
         self.expected = bundle
@@ -85,7 +87,7 @@ class AdmissionKeeper:
             on_change=self._changed,
             backoff=(0.5, 10.0),
             resource=f"the MutatingWebhookConfiguration {manager.webhook_config}",
-            server=manager.admission.api_client.configuration.host,
+            server=self.server,
         )
         self.informer.stopping = self.stopping
 
@@ -101,8 +103,9 @@ class AdmissionKeeper:
             return
         try:
             state = self.manager.ensure(self.out)
-        except Exception:  # the served certificate stays; try again next round
-            log.exception("certificate renewal failed")
+        except Exception as exc:  # the served certificate stays; try again next round
+            why, ours = described(exc)
+            log.warning("certificate renewal failed: %s", why, exc_info=exc if ours else None)
             self.report.renewal("failed")
             return
         self.expected = state.bundle
@@ -114,9 +117,11 @@ class AdmissionKeeper:
         """None when our listener verifies against the published caBundle; otherwise why not."""
         try:
             bundle = self.manager.published(self.manager.read_webhook_config())
-        except Exception as exc:
-            log.warning("cannot read %s for the self-check", self.manager.webhook_config, exc_info=True)
-            why: str | None = f"cannot read the webhook configuration: {exc}"
+        except Exception as exc:  # said once, in the self-check's line below
+            reason, ours = described(exc)
+            if ours:
+                log.warning("cannot read %s for the self-check", self.manager.webhook_config, exc_info=exc)
+            why: str | None = f"cannot read the webhook configuration from {self.server}: {reason}"
         else:
             why = (
                 "the webhook configuration has no caBundle"
@@ -153,8 +158,14 @@ class AdmissionKeeper:
     def promote(self) -> None:
         try:
             changed = self.manager.promote_policies()
-        except Exception:
-            log.exception("cannot patch the declared failure policies into %s", self.manager.webhook_config)
+        except Exception as exc:
+            why, ours = described(exc)
+            log.warning(
+                "cannot patch the declared failure policies into %s: %s",
+                self.manager.webhook_config,
+                why,
+                exc_info=exc if ours else None,
+            )
             return
         if changed:
             log.info("the caBundle verified: failure policies now %s", ", ".join(changed))

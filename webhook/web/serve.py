@@ -22,12 +22,12 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, NamedTuple
 
-from kubernetes.client import ApiClient, Configuration
+from kubernetes.client import Configuration
 from pydantic.alias_generators import to_camel
 
 from webhook.cluster.access import ClusterView, client_without_retries, load_configuration
 from webhook.cluster.certificates import CertificateManager, own_namespace
-from webhook.cluster.errors import ClusterAccessError
+from webhook.cluster.errors import ClusterAccessError, described
 from webhook.cluster.keeper import AdmissionKeeper
 from webhook.config import ServerSettings, Settings, load_settings
 from webhook.errors import ConfigError
@@ -397,7 +397,7 @@ def _keeper(
         if cluster is None or namespace is None:
             raise ClusterAccessError("--webhook-config needs cluster access and the pod's namespace ($POD_NAMESPACE)")
         manager = CertificateManager(
-            ApiClient(cluster),
+            client_without_retries(cluster),  # it tries again itself: the informer's back-off, the next round
             secret or "",
             namespace,
             webhook_config=webhook_config,
@@ -415,7 +415,8 @@ def _keeper(
             state = manager.ensure(out)
             metrics.renewal("renewed" if state.changed else "current")
             bundle = state.bundle
-    except Exception:
-        log.exception("cannot ensure the serving certificate in %s", secret or webhook_config)
+    except Exception as exc:
+        why, ours = described(exc)
+        log.error("cannot ensure the serving certificate in %s: %s", secret or webhook_config, why, exc_info=ours)
         return None
     return AdmissionKeeper(manager, metrics, check_address, listening=threading.Event(), out=out, bundle=bundle)
