@@ -606,7 +606,8 @@ def test_default_images_are_the_charts_own_version(tmp_path: Path, mode: str) ->
 def _readme_install() -> str:
     """The README's install from a clone: the shell block that builds the images."""
     readme = (CHART.parents[2] / "README.md").read_text()
-    return next(block for block in re.findall(r"```sh\n(.*?)```", readme, re.DOTALL) if "make images" in block)
+    blocks: list[str] = re.findall(r"```sh\n(.*?)```", readme, re.DOTALL)
+    return next(block for block in blocks if "make images" in block)
 
 
 @pytest.mark.parametrize("mode", ["socket", "agent"])
