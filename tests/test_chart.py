@@ -73,16 +73,14 @@ def _chart() -> helm.Chart:
     return helm.Chart.load(CHART)
 
 
-def _manifests(
-    values: dict[str, Any] | None, kube_version: str, name: str, chart: helm.Chart | None = None
-) -> dict[str, str]:
+def _manifests(values: dict[str, Any] | None, kube_version: str, name: str) -> dict[str, str]:
     """Template path -> rendered text, as Helm renders the chart for a cluster of `kube_version` (the Python
     binding does not expose the engine's kube_version option; its C entry point takes it)."""
     from helm_python import _native
 
     options = {"name": name, "namespace": "flyte", "is_install": True, "kube_version": f"v{kube_version}"}
     raw = _native.call_string(
-        "helm_render", (chart or _chart())._raw(), orjson.dumps(values or {}).decode(), orjson.dumps(options).decode()
+        "helm_render", _chart()._raw(), orjson.dumps(values or {}).decode(), orjson.dumps(options).decode()
     )
     manifests: dict[str, str] = orjson.loads(raw)
     return manifests
@@ -591,7 +589,9 @@ def test_default_images_are_the_charts_own_version(tmp_path: Path, mode: str) ->
     shutil.copytree(CHART, chart)
     meta = chart / "Chart.yaml"
     meta.write_text(re.sub(r"^appVersion: .*$", 'appVersion: "9.8.7"', meta.read_text(), flags=re.MULTILINE))
-    rendered = _manifests({"imagePuller": {"mode": mode}}, "1.33.0", "cw", helm.Chart.load(chart))
+    rendered = helm.Chart.load(chart).render(
+        {"imagePuller": {"mode": mode}}, name="cw", namespace="flyte", is_install=True
+    )
     images = [i for text in rendered.values() for i in _images(text)]
     expected = {
         "ghcr.io/copilot-webhook/copilot-webhook:9.8.7",
