@@ -39,11 +39,9 @@ def plainly(exc: BaseException) -> str:
     if isinstance(exc, MaxRetryError):
         pool = exc.pool
         where = f"{pool.host}:{pool.port}" if pool is not None else "the API server"
-        return f"cannot reach {where}: {_cause(exc.reason)}"
-    if isinstance(exc, ssl.SSLError):
-        return _tls(exc)
-    if isinstance(exc, OSError):
-        return _cause(exc)
+        return f"cannot reach {where}: {_unreachable(exc)}"
+    if isinstance(exc, OSError):  # ssl.SSLError among them
+        return _unreachable(exc) or _cause(exc)
     return str(exc) or "unexpected error"
 
 
