@@ -364,7 +364,7 @@ def test_credentials_the_api_server_refuses_are_said_401_unauthorized(
     api.refuse = 401
     kubeconfig = api.kubeconfig(tmp_path / "kubeconfig")
     with running_server(tls_dir, tmp_path / "srv", env={"KUBECONFIG": str(kubeconfig)}) as server:
-        assert eventually(lambda: all(_cache_warnings(server.output()).values()))
+        assert eventually(lambda: all(_cache_warnings(server.output()).values())), server.output()
     output = server.output()
     for name, lines in _cache_warnings(output).items():
         assert all(
