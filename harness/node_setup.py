@@ -17,6 +17,7 @@ from harness.controlplane import ControlPlane
 from harness.daemons import require
 from harness.image_builds import ImageBuilder
 from harness.node import Node, node, require_node
+from webhook.references import normalise
 
 
 def running_node(kube: ControlPlane, *tools: str) -> Iterator[Node]:
@@ -50,7 +51,7 @@ def import_images(the_node: Node, work: Path, builder: ImageBuilder, tags: list[
 
 @dataclass
 class Images:
-    """The Dockerfile's targets by the names the node's containerd holds them under."""
+    """The Dockerfile's targets by the names the node's containerd holds them under (normalised references)."""
 
     puller: str
     webhook: str
@@ -61,4 +62,4 @@ def import_dockerfile_images(
 ) -> Images:
     """The Dockerfile's targets (`dockerfile_images`: tag by target) and `others` imported into the node."""
     import_images(the_node, work, builder, [*targets.values(), *others])
-    return Images(f"docker.io/library/{targets['puller']}", f"docker.io/library/{targets['webhook']}")
+    return Images(normalise(targets["puller"]), normalise(targets["webhook"]))
