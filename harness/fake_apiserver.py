@@ -28,13 +28,16 @@ from urllib.parse import parse_qs, urlparse
 import jsonpatch
 import jsonpointer
 
+TOKEN = "test-token"  # the bearer token of `write_kubeconfig`'s user
+
 
 def write_kubeconfig(path: Path, url: str) -> Path:
+    """A kubeconfig whose current context, `fake`, reaches `url` with the bearer token TOKEN."""
     config = {
         "apiVersion": "v1",
         "kind": "Config",
         "clusters": [{"name": "fake", "cluster": {"server": url}}],
-        "users": [{"name": "fake", "user": {"token": "test-token"}}],
+        "users": [{"name": "fake", "user": {"token": TOKEN}}],
         "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}],
         "current-context": "fake",
     }

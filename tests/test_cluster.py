@@ -19,7 +19,7 @@ from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import MaxRetryError, NewConnectionError, ProtocolError, ReadTimeoutError
 
 from harness.environment import eventually
-from harness.fake_apiserver import FakeAPIServer, namespace, node
+from harness.fake_apiserver import TOKEN, FakeAPIServer, namespace, node, write_kubeconfig
 from webhook.cluster.access import ClusterView, api_client, client_without_retries, load_configuration
 from webhook.cluster.errors import ClusterAccessError, EnsureError, described, failure
 from webhook.cluster.informer import Informer, list_pages
@@ -402,36 +402,20 @@ def test_a_refusing_api_server_is_said_with_its_status_and_message(
     }
 
 
-def _kubeconfig(path: Path, server: str = "https://127.0.0.1:1") -> Path:
-    path.write_text(
-        orjson.dumps(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "c", "cluster": {"server": server}}],
-                "users": [{"name": "u", "user": {"token": "a-secret-token"}}],
-                "contexts": [{"name": "ours", "context": {"cluster": "c", "user": "u"}}],
-                "current-context": "ours",
-            }
-        ).decode()
-    )
-    return path
-
-
 def test_cluster_access_says_once_where_it_comes_from(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    monkeypatch.setenv("KUBECONFIG", str(_kubeconfig(tmp_path / "from-env")))
-    named = _kubeconfig(tmp_path / "named", "https://10.0.0.1:6443")
+    monkeypatch.setenv("KUBECONFIG", str(write_kubeconfig(tmp_path / "from-env", "https://127.0.0.1:1")))
+    named = write_kubeconfig(tmp_path / "named", "https://10.0.0.1:6443")
     with caplog.at_level(logging.INFO, logger="webhook.cluster.access"):
         assert load_configuration(ClusterSettings()) is not None
-        assert load_configuration(ClusterSettings(kubeconfig=str(named), context="ours")) is not None
+        assert load_configuration(ClusterSettings(kubeconfig=str(named), context="fake")) is not None
     assert [r.getMessage() for r in caplog.records] == [
-        f"cluster access: kubeconfig {tmp_path / 'from-env'} ($KUBECONFIG), context ours, API server https://127.0.0.1:1",
-        f"cluster access: kubeconfig {named} (cluster.kubeconfig), context ours, API server https://10.0.0.1:6443",
+        f"cluster access: kubeconfig {tmp_path / 'from-env'} ($KUBECONFIG), context fake, API server https://127.0.0.1:1",
+        f"cluster access: kubeconfig {named} (cluster.kubeconfig), context fake, API server https://10.0.0.1:6443",
     ]
-    assert "a-secret-token" not in caplog.text
+    assert TOKEN not in caplog.text
 
 
 def test_in_cluster_access_names_the_service_accounts_namespace(
@@ -472,7 +456,9 @@ def test_a_kubeconfig_that_cannot_be_read_is_said_so(tmp_path: Path, text: str, 
 
 def test_the_caches_client_leaves_retrying_to_them(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """A request to a closed port fails at once with one reason, without urllib3's retries (a warning each)."""
-    configuration = load_configuration(ClusterSettings(kubeconfig=str(_kubeconfig(tmp_path / "kubeconfig"))))
+    configuration = load_configuration(
+        ClusterSettings(kubeconfig=str(write_kubeconfig(tmp_path / "kubeconfig", "https://127.0.0.1:1")))
+    )
     assert configuration is not None
     with caplog.at_level(logging.WARNING), pytest.raises(MaxRetryError) as caught:
         CoreV1Api(client_without_retries(configuration)).list_node(_request_timeout=5)

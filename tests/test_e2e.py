@@ -24,7 +24,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from certs.authority import generate_ca, generate_files, issue_serving, write_files
 from harness.environment import eventually
-from harness.fake_apiserver import FakeAPIServer, namespace, node, write_kubeconfig
+from harness.fake_apiserver import TOKEN, FakeAPIServer, namespace, node, write_kubeconfig
 from harness.server_process import Server, client_context, free_port, running_server
 from tests.helpers import apply, decoded_patch, pod, review, validate
 
@@ -342,7 +342,7 @@ def test_an_unreachable_api_server_is_one_plain_line_per_cache_and_back_off_step
     assert output.count(said) == 1, output
     assert "Traceback" not in output
     assert "Retrying (Retry" not in output
-    assert "test-token" not in output  # the kubeconfig's token
+    assert TOKEN not in output  # the kubeconfig's token
     for name, lines in _cache_warnings(output, caches).items():
         line = re.compile(
             rf".* WARNING webhook\.cluster\.informer: {name} cache: cannot list {caches[name]} from "
