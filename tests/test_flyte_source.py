@@ -117,9 +117,27 @@ def test_the_webhook_reads_each_generated_pod_as_flyte_built_it() -> None:
         else:
             expected = "add:none(no-watcher)"
         assert ptrace == expected, (case, shape)
-        assert shape["share"] == bool(shape["legacy"] and shape["ptrace"]), f"{case}: Flyte shares the namespace"
+        # Flyte <= 1.15 shares the namespace with every copilot pod, uploader or not; 1.16 with none.
+        assert shape["share"] == bool(shape["ptrace"]), f"{case}: Flyte shares the namespace where it grants SYS_PTRACE"
         seen.add(expected)
     assert {None, "add:none(native-sidecar)"} <= seen, "the generated pods include copilot and plain pods"
+
+
+@pytest.mark.parametrize("variant", sorted(flyte_source.IO))
+def test_flyte_1_15_code_grants_the_legacy_shape_the_derivation_has(variant: str) -> None:
+    """flyteplugins v1.15.3 puts SYS_PTRACE on the primary and shares the process namespace in every copilot
+    pod, uploader or not; the pod derived by hand from that tag has the same containers and grants."""
+    generated = GENERATED[f"flyte-gen-1.15-{variant}"][0]
+    derived = CASES[f"flyte-src-1.15-{variant}"][0]
+    shapes = []
+    for pod in (generated, derived):
+        shape = _shape(pod, "flyte-copilot-")
+        primary = pod["spec"]["containers"][0]["name"]
+        shape["ptrace"] = {"primary" if name == primary else name for name in shape["ptrace"]}
+        shapes.append(shape)
+    assert shapes[0]["ptrace"] == {"primary"}
+    assert shapes[0]["share"] is True
+    assert shapes[0] == shapes[1]
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
