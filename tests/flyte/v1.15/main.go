@@ -314,7 +314,7 @@ func configure(c cell, defaults config.K8sPluginConfig) error {
 const finalizer = "flyte.org/finalizer-k8s"
 
 // addObjectMetadata is flytepropeller's PluginManager.addObjectMetadata at v1.15.3
-// (flytepropeller/pkg/controller/nodes/task/k8s/plugin_manager.go L114-L132), line for line, with Flyte's
+// (flytepropeller/pkg/controller/nodes/task/k8s/plugin_manager.go L113-L130), line for line, with Flyte's
 // own helpers; the plugin is the pod plugin. The manager first wraps the metadata
 // (newTaskExecutionMetadata, task_exec_context.go), which adds labels and annotations only for a task's
 // secrets and the run's execution identity: the matrix has neither, so the wrapper is left out.
