@@ -81,8 +81,10 @@ TOOLS: dict[str, Tool] = {
         Tool("etcd", "tests/kube/etcd", "go.etcd.io/etcd/server/v3"),
         # Flyte's pod generators, one module per release line whose Flyte modules resolve (scripts/flyte_source.py).
         Tool("flyte-pods-1.16", "tests/flyte/v1.16", "."),
-        # flyteplugins v1.15.3 over the nearest served flyteidl, flytestdlib and flytepropeller (v1.16.8).
+        # flyteplugins v1.15.3 and v1.14.1 over the nearest served flyteidl, flytestdlib and flytepropeller
+        # (v1.16.8).
         Tool("flyte-pods-1.15", "tests/flyte/v1.15", "."),
+        Tool("flyte-pods-1.14", "tests/flyte/v1.14", "."),
         # Flyte's own flytecopilot, copied from Flyte's repository (tests/flyte/copilot/README.md), for the
         # node's task pods (tests/test_kube_copilot.py). Its packages sit in subfolders, which the key reads
         # as extra files.

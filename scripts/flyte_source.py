@@ -365,7 +365,7 @@ def render(pod: dict[str, Any], header: str) -> str:
 FLYTE = Path(__file__).parent.parent / "tests" / "flyte"
 PODS = FLYTE / "pods"
 # release line -> the harness/gotools.py tool that prints its pods (built from tests/flyte/v<release>/).
-GENERATED = {"1.15": "flyte-pods-1.15", "1.16": "flyte-pods-1.16"}
+GENERATED = {"1.14": "flyte-pods-1.14", "1.15": "flyte-pods-1.15", "1.16": "flyte-pods-1.16"}
 # How the deployment configures the webhook for a cell whose Flyte configuration is not the default.
 CELL_SETTINGS: dict[str, dict[str, Any]] = {"mirror": {"copilot": {"namePrefix": "copilot-"}}}
 _CELL = re.compile(r"^# cell ([a-z0-9-]+): ", re.MULTILINE)
