@@ -1,20 +1,23 @@
 """Flyte's task pods for the tests, release line by line.
 
 Generated: for each release in GENERATED, a Go module under tests/flyte/<release>/ builds the pods with
-Flyte's own code (flytepropeller's k8s plugin manager running flyteplugins' pod plugin over Flyte's own
-mocks) and prints them; `make flyte-pods` (`python -m scripts.flyte_source`) rewrites the committed copies
-in tests/flyte/pods/<release>/<cell>.yaml and the golden contexts that feed them to the webhook, and a test
+Flyte's own code (1.16: flytepropeller's k8s plugin manager running flyteplugins' pod plugin over Flyte's own
+mocks; 1.14 and 1.15: that release's pod plugin called directly, with the plugin manager's object metadata
+ported, since the manager the Go module proxy serves does not compile against it) and prints them; `make
+flyte-pods` (`python -m scripts.flyte_source`) rewrites the committed copies in
+tests/flyte/pods/<release>/<cell>.yaml and the golden contexts that feed them to the webhook, and a test
 fails when a committed pod differs from what the generator prints.
 
-Hand-derived: the releases in LINES, whose Flyte modules the Go module proxy does not serve (the errors are
-in docs/architecture.md), are a port of the parts of
+Hand-derived: the releases in LINES, whose Flyte modules the Go module proxy does not serve or which do not
+build from the modules it serves (docs/testing.md, docs/architecture.md), are a port of the parts of
 `flyteplugins/go/tasks/pluginmachinery/flytek8s/copilot.go` (FlyteCoPilotContainer, CopilotCommandArgs,
 DownloadCommandArgs, SidecarCommandArgs, AddCoPilotToContainer, AddCoPilotToPod), `pod_helper.go`
 (ApplyFlytePodConfiguration, MergeBasePodSpecOntoTemplate), `plugins/k8s/pod/plugin.go` (the
 primary_container_name annotation) and flytepropeller's object metadata (labels, owner reference) of the
 `flyteorg/flyte` repository, at the tags in LINES. Each case's header says it is hand-derived and names the
 tag and lines it follows; a test checks the committed tests/golden/flyte-src-*.yaml equal what this module
-builds.
+builds. 1.14 and 1.15 are both: their derived pods are held to the generated ones' shape, and cover the
+cases the generators' matrix does not (templates merged in, Flyte's secrets webhook).
 """
 
 from __future__ import annotations

@@ -124,11 +124,12 @@ def test_the_webhook_reads_each_generated_pod_as_flyte_built_it() -> None:
 
 
 @pytest.mark.parametrize("variant", sorted(flyte_source.IO))
-def test_flyte_1_15_code_grants_the_legacy_shape_the_derivation_has(variant: str) -> None:
-    """flyteplugins v1.15.3 puts SYS_PTRACE on the primary and shares the process namespace in every copilot
-    pod, uploader or not; the pod derived by hand from that tag has the same containers and grants."""
-    generated = GENERATED[f"flyte-gen-1.15-{variant}"][0]
-    derived = CASES[f"flyte-src-1.15-{variant}"][0]
+@pytest.mark.parametrize("release", ["1.14", "1.15"])
+def test_flytes_legacy_code_grants_the_shape_the_derivation_has(release: str, variant: str) -> None:
+    """flyteplugins v1.14.1 and v1.15.3 put SYS_PTRACE on the primary and share the process namespace in every
+    copilot pod, uploader or not; the pod derived by hand from that tag has the same containers and grants."""
+    generated = GENERATED[f"flyte-gen-{release}-{variant}"][0]
+    derived = CASES[f"flyte-src-{release}-{variant}"][0]
     shapes = []
     for pod in (generated, derived):
         shape = _shape(pod, "flyte-copilot-")
