@@ -46,10 +46,12 @@ import argparse
 import asyncio
 import contextlib
 import copy
+import functools
 import json
 import os
 import platform
 import shutil
+import signal
 import ssl
 import statistics
 import subprocess
@@ -249,6 +251,63 @@ class Pool:
                 stream[1].close()
 
 
+class Calls(NamedTuple):
+    """Webhook calls so far, from a duration histogram: how many, their total seconds, and the cumulative
+    bucket counts by upper bound (every series matched, added up)."""
+
+    made: float
+    seconds: float
+    buckets: dict[float, float]
+
+    def since(self, earlier: Calls) -> Calls:
+        buckets = {bound: count - earlier.buckets.get(bound, 0.0) for bound, count in self.buckets.items()}
+        return Calls(self.made - earlier.made, self.seconds - earlier.seconds, buckets)
+
+    def over(self, bound: float) -> float:
+        """Calls that took longer than `bound` (one of the histogram's bounds)."""
+        return self.made - self.buckets.get(bound, self.made)
+
+    def worst(self) -> float:
+        """The upper bound of the bucket holding the slowest call."""
+        return min((b for b, count in self.buckets.items() if count >= self.made), default=float("nan"))
+
+    def describe(self) -> str:
+        mean = self.seconds / self.made * 1000 if self.made else float("nan")
+        return (
+            f"{self.made:.0f} calls, mean {mean:.1f} ms, {self.over(0.025):.0f} over 25 ms, "
+            f"{self.over(0.1):.0f} over 100 ms, the slowest <= {self.worst() * 1000:g} ms"
+        )
+
+    @classmethod
+    def parse(cls, metrics: str, family: str, match: str) -> Calls:
+        """The series of the histogram `family` whose labels hold `match`, added up."""
+        made = seconds = 0.0
+        buckets: dict[float, float] = {}
+        for line in metrics.splitlines():
+            if not line.startswith(family) or match not in line:
+                continue
+            name, value = line.rsplit(" ", 1)
+            if name.startswith(f"{family}_count"):
+                made += float(value)
+            elif name.startswith(f"{family}_sum"):
+                seconds += float(value)
+            elif name.startswith(f"{family}_bucket"):
+                bound = float(name.split('le="', 1)[1].split('"', 1)[0])
+                buckets[bound] = buckets.get(bound, 0.0) + float(value)
+        return cls(made, seconds, buckets)
+
+
+API_WEBHOOK = "apiserver_admission_webhook_admission_duration_seconds"
+OURS_DURATION = "copilot_webhook_request_duration_seconds"
+
+
+def _calls(kube: Kube, pods: ChartPods) -> tuple[Calls, Calls]:
+    """Every webhook call so far as the API server timed it (a slice calls its target's webhooks alone), and
+    our server's admission requests as it timed them."""
+    seen = Calls.parse(kube.http.get("/metrics").text, API_WEBHOOK, 'type="admit"')
+    return seen, Calls.parse(pods.metrics(), OURS_DURATION, 'path="/mutate')
+
+
 # --- one phase -------------------------------------------------------------------------------------
 
 
@@ -272,6 +331,10 @@ class Phase:
     accepted: int = 0  # TCP connections accepted in the control plane's namespace, warm-up included
     stalls: float = 0.0  # our server's event-loop stalls over the slice, warm-up included
     worst_lag: float = 0.0  # the upper bound of the lag histogram's highest bucket the slice reached, seconds
+    # The slice's admission calls as the API server timed them (connection and TLS included) and as our server
+    # timed them (first byte to last): the difference is the way between them.
+    calls_seen: Calls = field(default_factory=lambda: Calls(0, 0.0, {}))
+    ours_seen: Calls = field(default_factory=lambda: Calls(0, 0.0, {}))
 
     def pct(self, q: float) -> float:
         ordered = sorted(self.latencies)
@@ -488,6 +551,24 @@ def admission_requests(pods: ChartPods) -> float:
     return total
 
 
+@contextlib.contextmanager
+def _sampled(pid: int, output: Path | None) -> Iterator[None]:
+    """With `output`, py-spy samples our server meanwhile (250 a second, without pausing it, only the thread
+    holding the interpreter lock, by thread) and writes the counts of each stack there (`raw`: one line per
+    stack, a flame graph's input)."""
+    if output is None:
+        yield
+        return
+    spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or "py-spy"
+    argv = [spy, "record", "--pid", str(pid), "--rate", "250", "--nonblocking", "--gil", "--threads"]
+    process = subprocess.Popen([*argv, "--format", "raw", "--output", str(output)], stdout=subprocess.DEVNULL)
+    try:
+        yield
+    finally:
+        process.send_signal(signal.SIGINT)  # py-spy writes what it sampled and exits
+        process.wait(timeout=60)
+
+
 def _loadavg() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
@@ -511,7 +592,8 @@ async def run(args: argparse.Namespace, go_binary: Path, work: Path) -> tuple[li
                     "go-floor": go_pid,
                     **{p.name: p.popen.pid for p in plane.processes},
                 }
-                phases = await _phases(args, kube, plane, pods, processes)
+                with _sampled(processes["ours"], args.profile):
+                    phases = await _phases(args, kube, plane, pods, processes)
             info["stall lines"] = "\n".join(line for line in pods.output().splitlines() if "stall bound" in line)
         finally:
             pods.stop()
@@ -541,8 +623,11 @@ async def _phases(
                 phase = Phase(target, rate, index + 1)
                 calls, opens = admission_requests(pods), accepted(processes["kube-apiserver"])
                 loop = LoopState.read(pods)
+                seen, ours = _calls(kube, pods)
                 await drive(pool, f"/api/v1/namespaces/{namespace}/pods", load, warmup, rate, phase, processes)
                 phase.stalls, phase.worst_lag = LoopState.read(pods).since(loop)
+                seen_after, ours_after = _calls(kube, pods)
+                phase.calls_seen, phase.ours_seen = seen_after.since(seen), ours_after.since(ours)
                 phase.calls = (admission_requests(pods) - calls) / len(load)
                 phase.accepted = accepted(processes["kube-apiserver"]) - opens
                 phases.append(phase)
@@ -561,6 +646,7 @@ def _line(p: Phase) -> str:
         f"our server's calls per pod {p.calls:.2f}, connections accepted {p.accepted}, "
         f"mutated {p.mutated}/{len(p.latencies)}, our loop: stalls {p.stalls:.0f}, "
         f"worst lag <= {p.worst_lag * 1000:g} ms, "
+        f"the API server's webhook calls: {p.calls_seen.describe()}, our server's: {p.ours_seen.describe()}, "
         f"errors {dict(p.errors)}, " + ", ".join(f"{k} {v:.2f} s" for k, v in p.cpu.items())
     )
 
@@ -622,6 +708,10 @@ def report(phases: list[Phase], args: argparse.Namespace, info: dict[str, str]) 
     lines.append("")
     for rate in args.rates:
         lines += _ratios(rate, totals)
+    lines += ["", "Where the time went: each webhook call as the API server timed it (connection and TLS included), "
+              "and our server's admission requests as it timed them (first byte to last):"]  # fmt: skip
+    for rate in args.rates:
+        lines += [_calls_line(rate, target, totals[target, rate]) for target in TARGETS if target != "none"]
     lines += ["", "Our server's stall lines (at most one a minute):", info.get("stall lines") or "(none)"]
     return "\n".join(lines)
 
@@ -644,6 +734,17 @@ def _row(rate: int, target: str, totals: dict[tuple[str, int], Totals]) -> str:
         f"| {t.cpu('etcd'):.2f} | {t.cpu('client'):.2f} | {calls:.2f} | {t.accepted():.0f} | {sustained} "
         f"| {max(p.max_in_flight for p in t.slices)} | {mutated} | {errors} | {_loop_cells(t)} |"
     )
+
+
+def _calls_line(rate: int, target: str, t: Totals) -> str:
+    seen, ours = (functools.reduce(_add, (getattr(p, kind) for p in t.slices)) for kind in ("calls_seen", "ours_seen"))
+    line = f"- {rate}/s, {target}: the API server's {seen.describe()}"
+    return line + (f"; our server's {ours.describe()}" if target.startswith("ours") else "")
+
+
+def _add(a: Calls, b: Calls) -> Calls:
+    buckets = {bound: a.buckets.get(bound, 0.0) + b.buckets.get(bound, 0.0) for bound in a.buckets | b.buckets}
+    return Calls(a.made + b.made, a.seconds + b.seconds, buckets)
 
 
 def _loop_cells(t: Totals) -> str:
@@ -687,6 +788,7 @@ def main() -> None:
     parser.add_argument("--slices", type=int, default=5, help="each target's pods are sent in this many turns")
     parser.add_argument("--connections", type=int, default=64)
     parser.add_argument("--keep", action="store_true", help="keep the work folder (logs of every process)")
+    parser.add_argument("--profile", type=Path, help="sample our server with py-spy over the slices into this file")
     args = parser.parse_args()
     go_binary = _preflight(args.anchors.resolve())
     work = Path(tempfile.mkdtemp(prefix="copilot-webhook-pods-bench-"))
