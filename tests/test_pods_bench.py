@@ -1,11 +1,11 @@
-"""bench/pods_bench.py's report of the tail, in-process: the worst slice, the p99.9, and our server's loop over
-each slice as its /metrics tells it."""
+"""bench/pods_bench.py's report of the tail, in-process: the worst slice, the p99.9, our server's loop over
+each slice as its /metrics tells it, and the webhook calls as the API server and our server timed them."""
 
 from __future__ import annotations
 
 import argparse
 
-from bench.pods_bench import LoopState, Phase, report
+from bench.pods_bench import API_WEBHOOK, Calls, LoopState, Phase, report
 
 METRICS = """\
 copilot_webhook_event_loop_lag_seconds_bucket{{le="0.001"}} {a}
@@ -53,3 +53,36 @@ def test_the_report_names_the_worst_slice_and_the_goals() -> None:
     assert "worst slice p99 40.0 ms against go-floor's 20.0 ms: 2.00x (goal 2x)" in text
     assert "ours-ptrace ÷ go-floor: added p99 0.27x (goal 1.2x)" in text
     assert text.endswith("(none)")
+
+
+WEBHOOK_METRICS = """\
+{family}_bucket{{name="a.example",operation="CREATE",rejected="false",type="admit",le="0.025"}} {a25}
+{family}_bucket{{name="a.example",operation="CREATE",rejected="false",type="admit",le="0.1"}} {a100}
+{family}_bucket{{name="a.example",operation="CREATE",rejected="false",type="admit",le="0.5"}} {a}
+{family}_bucket{{name="a.example",operation="CREATE",rejected="false",type="admit",le="+Inf"}} {a}
+{family}_sum{{name="a.example",operation="CREATE",rejected="false",type="admit"}} {a_sum}
+{family}_count{{name="a.example",operation="CREATE",rejected="false",type="admit"}} {a}
+{family}_bucket{{name="b.example",operation="CREATE",rejected="false",type="admit",le="0.025"}} 10
+{family}_bucket{{name="b.example",operation="CREATE",rejected="false",type="admit",le="0.1"}} 10
+{family}_bucket{{name="b.example",operation="CREATE",rejected="false",type="admit",le="0.5"}} 10
+{family}_bucket{{name="b.example",operation="CREATE",rejected="false",type="admit",le="+Inf"}} 10
+{family}_sum{{name="b.example",operation="CREATE",rejected="false",type="admit"}} 0.05
+{family}_count{{name="b.example",operation="CREATE",rejected="false",type="admit"}} 10
+{family}_count{{name="b.example",operation="CREATE",rejected="false",type="validate"}} 99
+"""
+
+
+def _calls(a25: int, a100: int, a: int, a_sum: float) -> Calls:
+    text = WEBHOOK_METRICS.format(family=API_WEBHOOK, a25=a25, a100=a100, a=a, a_sum=a_sum)
+    return Calls.parse(text, API_WEBHOOK, 'type="admit"')
+
+
+def test_a_slice_counts_the_calls_the_api_server_timed_and_the_slowest() -> None:
+    before = _calls(90, 100, 100, 0.5)
+    slice_ = _calls(180, 196, 200, 1.4).since(before)  # 100 calls more: 6 over 25 ms, 4 of them over 100 ms
+    assert (slice_.made, round(slice_.seconds, 6)) == (100, 0.9), "the other webhook and validating calls left out"
+    assert (slice_.over(0.025), slice_.over(0.1)) == (10, 4)
+    assert slice_.worst() == 0.5
+    assert slice_.describe() == "100 calls, mean 9.0 ms, 10 over 25 ms, 4 over 100 ms, the slowest <= 500 ms"
+    assert _calls(185, 200, 200, 1.0).since(before).worst() == 0.1, "5 over 25 ms, none over 100 ms"
+    assert _calls(190, 200, 200, 1.0).since(before).worst() == 0.025
