@@ -621,15 +621,15 @@ async def _phases(
                 warmup = int(WARMUP_SECONDS * rate)
                 load = bodies(pod, f"s{index}", warmup + per_slice, {} if target == "ours" else exempt)
                 phase = Phase(target, rate, index + 1)
-                calls, opens = admission_requests(pods), accepted(processes["kube-apiserver"])
-                loop = LoopState.read(pods)
+                calls, loop = admission_requests(pods), LoopState.read(pods)
                 seen, ours = _calls(kube, pods)
+                opens = accepted(processes["kube-apiserver"])  # after this bench's own reads of /metrics
                 await drive(pool, f"/api/v1/namespaces/{namespace}/pods", load, warmup, rate, phase, processes)
+                phase.accepted = accepted(processes["kube-apiserver"]) - opens
                 phase.stalls, phase.worst_lag = LoopState.read(pods).since(loop)
                 seen_after, ours_after = _calls(kube, pods)
                 phase.calls_seen, phase.ours_seen = seen_after.since(seen), ours_after.since(ours)
                 phase.calls = (admission_requests(pods) - calls) / len(load)
-                phase.accepted = accepted(processes["kube-apiserver"]) - opens
                 phases.append(phase)
                 print(_line(phase), file=sys.stderr, flush=True)
                 _cleanup(kube, namespace)
