@@ -358,8 +358,8 @@ def render(pod: dict[str, Any], header: str) -> str:
             current = "#"
         current += " " + word
     lines.append(current)
-    lines.append("# Hand-derived by scripts/flyte_source.py from the Go code cited, because Flyte's Go module for")
-    lines.append("# this release does not resolve from the Go module proxy; do not edit by hand.")
+    lines.append("# Hand-derived by scripts/flyte_source.py from the Go code cited; do not edit by hand.")
+    lines.append("# Which releases' pods Flyte's own code prints as well, and why not the others: docs/testing.md.")
     return "\n".join(lines) + "\n" + yaml.safe_dump(pod, sort_keys=False, width=200)
 
 
