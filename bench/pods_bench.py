@@ -251,61 +251,69 @@ class Pool:
                 stream[1].close()
 
 
-class Calls(NamedTuple):
-    """Webhook calls so far, from a duration histogram: how many, their total seconds, and the cumulative
-    bucket counts by upper bound (every series matched, added up)."""
+class Durations(NamedTuple):
+    """A duration histogram's observations so far (webhook calls, the loop's wake-ups): their total seconds and
+    the cumulative bucket counts by upper bound, every series matched added up."""
 
-    made: float
     seconds: float
     buckets: dict[float, float]
 
-    def since(self, earlier: Calls) -> Calls:
+    @property
+    def observed(self) -> float:
+        return self.buckets.get(float("inf"), 0.0)
+
+    def since(self, earlier: Durations) -> Durations:
         buckets = {bound: count - earlier.buckets.get(bound, 0.0) for bound, count in self.buckets.items()}
-        return Calls(self.made - earlier.made, self.seconds - earlier.seconds, buckets)
+        return Durations(self.seconds - earlier.seconds, buckets)
+
+    def plus(self, other: Durations) -> Durations:
+        buckets = {b: self.buckets.get(b, 0.0) + other.buckets.get(b, 0.0) for b in self.buckets | other.buckets}
+        return Durations(self.seconds + other.seconds, buckets)
 
     def over(self, bound: float) -> float:
-        """Calls that took longer than `bound` (one of the histogram's bounds)."""
-        return self.made - self.buckets.get(bound, self.made)
+        """Observations longer than `bound` (one of the histogram's bounds)."""
+        return self.observed - self.buckets.get(bound, self.observed)
 
     def worst(self) -> float:
-        """The upper bound of the bucket holding the slowest call."""
-        return min((b for b, count in self.buckets.items() if count >= self.made), default=float("nan"))
+        """The upper bound of the bucket holding the longest observation (NaN: none was observed). Buckets are
+        cumulative: the smallest bound holding every observation."""
+        if not self.observed:
+            return float("nan")
+        return min(b for b, count in self.buckets.items() if count >= self.observed)
 
     def describe(self) -> str:
-        mean = self.seconds / self.made * 1000 if self.made else float("nan")
+        mean = self.seconds / self.observed * 1000 if self.observed else float("nan")
         return (
-            f"{self.made:.0f} calls, mean {mean:.1f} ms, {self.over(0.025):.0f} over 25 ms, "
+            f"{self.observed:.0f} calls, mean {mean:.1f} ms, {self.over(0.025):.0f} over 25 ms, "
             f"{self.over(0.1):.0f} over 100 ms, the slowest <= {self.worst() * 1000:g} ms"
         )
 
     @classmethod
-    def parse(cls, metrics: str, family: str, match: str) -> Calls:
+    def parse(cls, metrics: str, family: str, match: str = "") -> Durations:
         """The series of the histogram `family` whose labels hold `match`, added up."""
-        made = seconds = 0.0
+        seconds = 0.0
         buckets: dict[float, float] = {}
         for line in metrics.splitlines():
             if not line.startswith(family) or match not in line:
                 continue
             name, value = line.rsplit(" ", 1)
-            if name.startswith(f"{family}_count"):
-                made += float(value)
-            elif name.startswith(f"{family}_sum"):
+            if name.startswith(f"{family}_sum"):
                 seconds += float(value)
             elif name.startswith(f"{family}_bucket"):
                 bound = float(name.split('le="', 1)[1].split('"', 1)[0])
                 buckets[bound] = buckets.get(bound, 0.0) + float(value)
-        return cls(made, seconds, buckets)
+        return cls(seconds, buckets)
 
 
 API_WEBHOOK = "apiserver_admission_webhook_admission_duration_seconds"
 OURS_DURATION = "copilot_webhook_request_duration_seconds"
 
 
-def _calls(kube: Kube, pods: ChartPods) -> tuple[Calls, Calls]:
+def _calls(kube: Kube, pods: ChartPods) -> tuple[Durations, Durations]:
     """Every webhook call so far as the API server timed it (a slice calls its target's webhooks alone), and
     our server's admission requests as it timed them."""
-    seen = Calls.parse(kube.http.get("/metrics").text, API_WEBHOOK, 'type="admit"')
-    return seen, Calls.parse(pods.metrics(), OURS_DURATION, 'path="/mutate')
+    seen = Durations.parse(kube.http.get("/metrics").text, API_WEBHOOK, 'type="admit"')
+    return seen, Durations.parse(pods.metrics(), OURS_DURATION, 'path="/mutate')
 
 
 # --- one phase -------------------------------------------------------------------------------------
@@ -333,8 +341,8 @@ class Phase:
     worst_lag: float = 0.0  # the upper bound of the lag histogram's highest bucket the slice reached, seconds
     # The slice's admission calls as the API server timed them (connection and TLS included) and as our server
     # timed them (first byte to last): the difference is the way between them.
-    calls_seen: Calls = field(default_factory=lambda: Calls(0, 0.0, {}))
-    ours_seen: Calls = field(default_factory=lambda: Calls(0, 0.0, {}))
+    calls_seen: Durations = field(default_factory=lambda: Durations(0.0, {}))
+    ours_seen: Durations = field(default_factory=lambda: Durations(0.0, {}))
 
     def pct(self, q: float) -> float:
         ordered = sorted(self.latencies)
@@ -512,11 +520,10 @@ def _cleanup(kube: Kube, namespace: str) -> None:
 
 
 class LoopState(NamedTuple):
-    """Our server's event-loop metrics at one moment: its stall count and its lag histogram's cumulative
-    bucket counts by upper bound."""
+    """Our server's event-loop metrics at one moment: its stall count and its lag histogram."""
 
     stalls: float
-    buckets: dict[float, float]
+    lag: Durations
 
     @classmethod
     def read(cls, pods: ChartPods) -> LoopState:
@@ -524,22 +531,15 @@ class LoopState(NamedTuple):
 
     @classmethod
     def parse(cls, metrics: str) -> LoopState:
-        stalls, buckets = 0.0, {}
+        stalls = 0.0
         for line in metrics.splitlines():
             if line.startswith("copilot_webhook_event_loop_stalls_total "):
                 stalls = float(line.rsplit(" ", 1)[1])
-            elif line.startswith("copilot_webhook_event_loop_lag_seconds_bucket{"):
-                bound = line.split('le="', 1)[1].split('"', 1)[0]
-                buckets[float(bound)] = float(line.rsplit(" ", 1)[1])
-        return cls(stalls, buckets)
+        return cls(stalls, Durations.parse(metrics, "copilot_webhook_event_loop_lag_seconds"))
 
     def since(self, earlier: LoopState) -> tuple[float, float]:
         """Stalls since `earlier`, and the upper bound of the highest bucket a wake-up reached since then."""
-        grown = [bound for bound, count in self.buckets.items() if count > earlier.buckets.get(bound, 0.0)]
-        # Cumulative buckets: the smallest bound that grew as much as +Inf holds the worst wake-up.
-        total = self.buckets.get(float("inf"), 0.0) - earlier.buckets.get(float("inf"), 0.0)
-        worst = min((b for b in grown if self.buckets[b] - earlier.buckets.get(b, 0.0) >= total), default=float("nan"))
-        return self.stalls - earlier.stalls, worst
+        return self.stalls - earlier.stalls, self.lag.since(earlier.lag).worst()
 
 
 def admission_requests(pods: ChartPods) -> float:
@@ -737,14 +737,11 @@ def _row(rate: int, target: str, totals: dict[tuple[str, int], Totals]) -> str:
 
 
 def _calls_line(rate: int, target: str, t: Totals) -> str:
-    seen, ours = (functools.reduce(_add, (getattr(p, kind) for p in t.slices)) for kind in ("calls_seen", "ours_seen"))
+    seen, ours = (
+        functools.reduce(Durations.plus, (getattr(p, kind) for p in t.slices)) for kind in ("calls_seen", "ours_seen")
+    )
     line = f"- {rate}/s, {target}: the API server's {seen.describe()}"
     return line + (f"; our server's {ours.describe()}" if target.startswith("ours") else "")
-
-
-def _add(a: Calls, b: Calls) -> Calls:
-    buckets = {bound: a.buckets.get(bound, 0.0) + b.buckets.get(bound, 0.0) for bound in a.buckets | b.buckets}
-    return Calls(a.made + b.made, a.seconds + b.seconds, buckets)
 
 
 def _loop_cells(t: Totals) -> str:

@@ -4,8 +4,9 @@ each slice as its /metrics tells it, and the webhook calls as the API server and
 from __future__ import annotations
 
 import argparse
+import math
 
-from bench.pods_bench import API_WEBHOOK, Calls, LoopState, Phase, report
+from bench.pods_bench import API_WEBHOOK, Durations, LoopState, Phase, report
 
 METRICS = """\
 copilot_webhook_event_loop_lag_seconds_bucket{{le="0.001"}} {a}
@@ -68,21 +69,22 @@ WEBHOOK_METRICS = """\
 {family}_bucket{{name="b.example",operation="CREATE",rejected="false",type="admit",le="+Inf"}} 10
 {family}_sum{{name="b.example",operation="CREATE",rejected="false",type="admit"}} 0.05
 {family}_count{{name="b.example",operation="CREATE",rejected="false",type="admit"}} 10
-{family}_count{{name="b.example",operation="CREATE",rejected="false",type="validate"}} 99
+{family}_bucket{{name="b.example",operation="CREATE",rejected="false",type="validate",le="+Inf"}} 99
 """
 
 
-def _calls(a25: int, a100: int, a: int, a_sum: float) -> Calls:
+def _calls(a25: int, a100: int, a: int, a_sum: float) -> Durations:
     text = WEBHOOK_METRICS.format(family=API_WEBHOOK, a25=a25, a100=a100, a=a, a_sum=a_sum)
-    return Calls.parse(text, API_WEBHOOK, 'type="admit"')
+    return Durations.parse(text, API_WEBHOOK, 'type="admit"')
 
 
 def test_a_slice_counts_the_calls_the_api_server_timed_and_the_slowest() -> None:
     before = _calls(90, 100, 100, 0.5)
     slice_ = _calls(180, 196, 200, 1.4).since(before)  # 100 calls more: 6 over 25 ms, 4 of them over 100 ms
-    assert (slice_.made, round(slice_.seconds, 6)) == (100, 0.9), "the other webhook and validating calls left out"
+    assert (slice_.observed, round(slice_.seconds, 6)) == (100, 0.9), "the other webhook and validating calls left out"
     assert (slice_.over(0.025), slice_.over(0.1)) == (10, 4)
     assert slice_.worst() == 0.5
     assert slice_.describe() == "100 calls, mean 9.0 ms, 10 over 25 ms, 4 over 100 ms, the slowest <= 500 ms"
     assert _calls(185, 200, 200, 1.0).since(before).worst() == 0.1, "5 over 25 ms, none over 100 ms"
     assert _calls(190, 200, 200, 1.0).since(before).worst() == 0.025
+    assert math.isnan(before.since(before).worst()), "no call in the slice: no slowest"
