@@ -284,7 +284,7 @@ def test_serve_with_cluster_facts(tls_dir: Path, tmp_path: Path, api: FakeAPISer
         assert any("candidate nodes disagree (containerd on 2, docker on 1)" in w for w in warnings)
 
 
-@pytest.mark.parametrize("case", ["port in use", "no private directory"])
+@pytest.mark.parametrize("case", ["port in use", "no such host", "no private directory"])
 def test_a_server_that_cannot_listen_exits_1_with_one_line_saying_why(tls_dir: Path, tmp_path: Path, case: str) -> None:
     """Exit codes as documented (docs/command-line.md): 1 for a failure other than usage or configuration,
     with one ERROR line naming what is wrong and no traceback."""
@@ -296,13 +296,18 @@ def test_a_server_that_cannot_listen_exits_1_with_one_line_saying_why(tls_dir: P
     port = taken.getsockname()[1] if case == "port in use" else free_port()
     if case == "no private directory":
         env["TMPDIR"] = str(tmp_path / "missing")
-    command = [sys.executable, "-m", "webhook", "serve", "--host", "127.0.0.1", "--port", str(port)]
+    host = "no-such-host.invalid" if case == "no such host" else "127.0.0.1"  # .invalid never resolves (RFC 6761)
+    command = [sys.executable, "-m", "webhook", "serve", "--host", host, "--port", str(port)]
     command += ["--tls-cert", str(tls_dir / "tls.crt"), "--tls-key", str(tls_dir / "tls.key")]
     with taken:
         done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=60, check=False)
     errors = [line for line in done.stderr.splitlines() if " ERROR " in line]
     assert done.returncode == 1, done.stderr
-    expected = f"cannot listen on 127.0.0.1:{port}: address already in use" if case == "port in use" else "TMPDIR="
+    expected = {
+        "port in use": f"cannot listen on 127.0.0.1:{port}: address already in use",
+        "no such host": f"cannot listen on {host}:{port}: {host} does not resolve (",
+        "no private directory": "TMPDIR=",
+    }[case]
     assert len(errors) == 1, done.stderr
     assert expected in errors[0]
     assert "Traceback" not in done.stderr

@@ -13,6 +13,7 @@ import gc
 import logging
 import os
 import signal
+import socket
 import ssl
 import sys
 import threading
@@ -185,6 +186,8 @@ async def _bound(
 ) -> asyncio.Server:
     try:
         return await loop.create_server(listener, host, port, ssl=context, backlog=BACKLOG)
+    except socket.gaierror as exc:  # its errno is a resolver code, which os.strerror does not know
+        raise OSError(exc.errno, f"cannot listen on {host}:{port}: {host} does not resolve ({exc.strerror})") from None
     except OSError as exc:
         why = os.strerror(exc.errno).lower() if exc.errno else str(exc)
         raise OSError(exc.errno, f"cannot listen on {host}:{port}: {why}") from None
