@@ -63,9 +63,9 @@ def _steps(job: str, uses: str) -> list[dict[str, Any]]:
 
 def _actionlint(path: Path) -> list[dict[str, Any]]:
     assert SHELLCHECK.is_file(), f"{SHELLCHECK} is missing: the dev dependencies install it (make test)"
+    lint = [str(binary("actionlint")), "-no-color", f"-shellcheck={SHELLCHECK}", "-pyflakes=", "-format", "{{json .}}"]
     done = subprocess.run(
-        [str(binary("actionlint")), "-no-color", f"-shellcheck={SHELLCHECK}", "-pyflakes=", "-format", "{{json .}}",
-         str(path)],  # fmt: skip
+        [*lint, str(path)],
         capture_output=True,
         text=True,
         check=False,
