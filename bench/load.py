@@ -133,7 +133,12 @@ def wrk(url: str, lua: Path | None, seconds: int, connections: int) -> dict[str,
         stats[f"p{pct}"] = _ms(re.search(rf"\s{pct}(?:\.000)?%\s+(\S+)", out).group(1))  # type: ignore[union-attr]
     non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     stats["errors"] = float(non2xx.group(1)) if non2xx else 0.0
-    stats["socket_errors"] = float("Socket errors" in out)
+    # wrk's "Socket errors: connect N, read N, write N, timeout N" (timeout: no answer within 2 s)
+    failed = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
+    kinds = ("connect", "read", "write", "timeout")
+    stats["socket_errors"] = float(sum(int(n) for n in failed.groups())) if failed else 0.0
+    for kind, count in zip(kinds, failed.groups() if failed else ("0",) * 4, strict=True):
+        stats[f"socket_errors_{kind}"] = float(count)
     return stats
 
 
