@@ -45,7 +45,7 @@ Project = Callable[[objects.JSONObject], T]
 ListCall = Callable[..., Any]  # CoreV1Api.list_node / list_namespace
 
 PAGE_SIZE = 500
-YIELD_EVERY = 100  # objects projected between two yields of the interpreter to the event loop
+YIELD_EVERY = 10  # objects projected between two yields of the interpreter to the event loop
 RELIST_PACING = 2.0  # a relist while serving rests this long after each page, relative to the page's time
 RELIST_PAGE_SIZE = 50
 WATCH_SECONDS = 290  # the API server ends a watch at its own minRequestTimeout; we ask a little less
