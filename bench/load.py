@@ -135,10 +135,10 @@ def wrk(url: str, lua: Path | None, seconds: int, connections: int) -> dict[str,
     stats["errors"] = float(non2xx.group(1)) if non2xx else 0.0
     # wrk's "Socket errors: connect N, read N, write N, timeout N" (timeout: no answer within 2 s)
     failed = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
-    kinds = ("connect", "read", "write", "timeout")
-    stats["socket_errors"] = float(sum(int(n) for n in failed.groups())) if failed else 0.0
-    for kind, count in zip(kinds, failed.groups() if failed else ("0",) * 4, strict=True):
-        stats[f"socket_errors_{kind}"] = float(count)
+    counts = [float(n) for n in failed.groups()] if failed else [0.0] * 4
+    stats["socket_errors"] = sum(counts)
+    for kind, count in zip(("connect", "read", "write", "timeout"), counts, strict=True):
+        stats[f"socket_errors_{kind}"] = count
     return stats
 
 
