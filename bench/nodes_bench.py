@@ -23,6 +23,7 @@ import gc
 import json
 import os
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -310,34 +311,75 @@ def empty_server(tls: Path, work: Path) -> float:
         cluster.close()
 
 
-def wrk(port: int, seconds: int, script: Path) -> tuple[float, float, float]:
-    """(requests per second, p50 ms, p99 ms) of /mutate with 8 connections (bench/load.py's runner)."""
+Round = tuple[float, float, float, float, float, float]
+
+
+def wrk(port: int, seconds: int, script: Path, server: int = 0, cluster: int = 0) -> Round:
+    """(requests per second, p50 ms, p99 ms) of /mutate with 8 connections (bench/load.py's runner), and the
+    CPU seconds per second of the window spent by the server's process (`server`: its pid), the cluster's
+    (`cluster`) and wrk: where the two cores went."""
+
+    def cpu(pid: int) -> float:
+        return cpu_seconds(pid) if pid else 0.0
+
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    before, start = (cpu(server), cpu(cluster)), time.monotonic()
     stats = load.wrk(f"https://127.0.0.1:{port}/mutate", script, seconds, 8)
+    elapsed = time.monotonic() - start
+    after, waited = (cpu(server), cpu(cluster)), resource.getrusage(resource.RUSAGE_CHILDREN)
     if stats["errors"] or stats["socket_errors"]:
         raise RuntimeError(f"wrk saw failures: {stats}")
-    return stats["rps"], stats["p50"], stats["p99"]
+    load_cpu = waited.ru_utime + waited.ru_stime - children.ru_utime - children.ru_stime
+    shares = [(a - b) / elapsed for a, b in zip(after, before, strict=True)]
+    return stats["rps"], stats["p50"], stats["p99"], shares[0], shares[1], load_cpu / elapsed
 
 
-def latency(cluster: Cluster, tls: Path, work: Path, rounds: int, seconds: int, events: float) -> list[str]:
+def paced(port: int, tls: Path, rate: float, seconds: int) -> dict[str, Any]:
+    """/mutate at `rate` a second, open loop (bench/paced.py, a process of its own)."""
+    command = [sys.executable, str(ROOT / "bench" / "paced.py"), "--url", f"https://127.0.0.1:{port}/mutate",
+               "--body", str(BODY), "--ca", str(tls / "ca.crt"),
+               "--rate", str(rate), "--seconds", str(seconds)]  # fmt: skip
+    result: dict[str, Any] = json.loads(subprocess.run(command, capture_output=True, text=True, check=True).stdout)
+    if result["failures"] or result["rate"] < 0.97 * rate or result["late_ms"] > 100:
+        raise RuntimeError(f"the paced client failed or fell behind: {result}")
+    return result
+
+
+PHASES = ("idle", "watch", "relist")
+
+
+def latency(
+    cluster: Cluster, tls: Path, work: Path, rounds: int, seconds: int, events: float, rate: float
+) -> list[str]:
+    """Each round measures /mutate idle, under node status updates and under relists one after another, each
+    twice: saturated by wrk (the latency is the server's queue, so it says what the background work costs in
+    throughput), then at `rate` a second, open loop (what holds the loop, as a caller below saturation feels it)."""
     script = work / "post.lua"
     script.write_text(POST_LUA.format(body=BODY))
     server = Server(cluster, tls, work)
-    results: dict[str, list[tuple[float, float, float]]] = {"idle": [], "watch": [], "relist": []}
+    results: dict[str, list[Round]] = {phase: [] for phase in PHASES}
+    fixed: dict[str, list[dict[str, Any]]] = {phase: [] for phase in PHASES}
     absorbed: list[float] = []
     generated: list[float] = []
     relists: list[int] = []
+
+    def measure(phase: str) -> None:
+        results[phase].append(wrk(server.port, seconds, script, *pids))
+        fixed[phase].append(paced(server.port, tls, rate, seconds))
+
     try:
         server.synced()
+        pids = (server.process.pid, cluster.process.pid)
         time.sleep(2)
         wrk(server.port, 2, script)  # warm up
         for _ in range(rounds):
-            results["idle"].append(wrk(server.port, seconds, script))
+            measure("idle")
 
             cluster.command(f"events {events}")
             time.sleep(1)
             before = cluster.command("stats") or {}
             start = time.monotonic()
-            results["watch"].append(wrk(server.port, seconds, script))
+            measure("watch")
             after = cluster.command("stats") or {}
             elapsed = time.monotonic() - start
             absorbed.append((after["delivered"] - before["delivered"]) / elapsed)
@@ -349,7 +391,7 @@ def latency(cluster: Cluster, tls: Path, work: Path, rounds: int, seconds: int, 
             stop = threading.Event()
             thread = threading.Thread(target=_keep_relisting, args=(cluster, server, stop), daemon=True)
             thread.start()
-            results["relist"].append(wrk(server.port, seconds, script))
+            measure("relist")
             stop.set()
             thread.join()
             relists.append(server.listed() - done)
@@ -357,24 +399,42 @@ def latency(cluster: Cluster, tls: Path, work: Path, rounds: int, seconds: int, 
         cluster.command("events 0")
         server.close()
 
-    idle_p99 = statistics.median(r[2] for r in results["idle"])
-    lines = [
-        "| /mutate under | requests/s | p50 | p99 | p99 / idle | p99 of each round | |",
-        "|---|---:|---:|---:|---:|---|---|",
-    ]
     notes = {
         "idle": "",
         "watch": f"{statistics.median(absorbed):,.0f} node events/s delivered to and read by the server "
         f"({statistics.median(generated):,.0f} made)",
-        "relist": f"{statistics.median(relists)} full relists per {seconds} s window",
+        "relist": f"{statistics.median(relists)} full relists per {2 * seconds} s (both measures)",
     }
+    idle_p99 = statistics.median(r[2] for r in results["idle"])
+    lines = [
+        "Saturated (wrk, 8 connections; CPU seconds per second of each process):\n",
+        "| /mutate under | requests/s | p50 | p99 | p99 / idle | p99 of each round | CPU s/s: server, cluster, wrk | |",
+        "|---|---:|---:|---:|---:|---|---|---|",
+    ]
     for phase, runs in results.items():
-        rate = statistics.median(r[0] for r in runs)
+        rate_seen = statistics.median(r[0] for r in runs)
         p50 = statistics.median(r[1] for r in runs)
         p99 = statistics.median(r[2] for r in runs)
-        each = ", ".join(f"{r[2]:.1f}" for r in runs)
+        each = ", ".join(f"{r[2]:.2f}" for r in runs)
+        cpu = ", ".join(f"{statistics.median(r[i] for r in runs):.2f}" for i in (3, 4, 5))
         lines.append(
-            f"| {phase} | {rate:,.0f} | {p50:.2f} ms | {p99:.2f} ms | {p99 / idle_p99:.2f}x | {each} | {notes[phase]} |"
+            f"| {phase} | {rate_seen:,.0f} | {p50:.2f} ms | {p99:.2f} ms | {p99 / idle_p99:.2f}x | {each} | {cpu} "
+            f"| {notes[phase]} |"
+        )
+    idle_p99 = statistics.median(r["p99"] for r in fixed["idle"])
+    lines += [
+        f"\nAt {rate:,.0f} requests a second, open loop (bench/paced.py; latency from each request's due time):\n",
+        "| /mutate under | p50 | p99 | p99 / idle | p99.9 | worst | p99 of each round |",
+        "|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for phase, paced_runs in fixed.items():
+        p50, p99, p999, worst = (
+            statistics.median(r[key] for r in paced_runs) for key in ("p50", "p99", "p99.9", "max")
+        )
+        each = ", ".join(f"{r['p99']:.2f}" for r in paced_runs)
+        lines.append(
+            f"| {phase} | {p50:.2f} ms | {p99:.2f} ms | {p99 / idle_p99:.2f}x | {p999:.2f} ms | {worst:.2f} ms "
+            f"| {each} |"
         )
     return lines
 
@@ -404,6 +464,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--events", type=float, default=2400)
     parser.add_argument("--seconds", type=int, default=8)
+    parser.add_argument("--rate", type=float, default=1000, help="/mutate's fixed rate a second, below saturation")
     parser.add_argument("--skip", action="append", default=[], choices=["formats", "keys", "server", "latency"])
     args = parser.parse_args()
 
@@ -426,7 +487,7 @@ def main() -> None:
         if "keys" not in args.skip:
             print("\n".join(label_keys(cluster, args.nodes, args.images)) + "\n")
         if "latency" not in args.skip:
-            print("\n".join(latency(cluster, tls, work, args.repeat, args.seconds, args.events)))
+            print("\n".join(latency(cluster, tls, work, args.repeat, args.seconds, args.events, args.rate)))
     finally:
         cluster.close()
 

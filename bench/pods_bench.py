@@ -52,7 +52,6 @@ import os
 import platform
 import shutil
 import signal
-import ssl
 import statistics
 import subprocess
 import sys
@@ -64,7 +63,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
-import httptools
 import httpx
 import uvloop
 
@@ -72,6 +70,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.load import build_go_floor  # noqa: E402 - the anchor's build
+from bench.paced import Pool  # noqa: E402 - the open-loop client's connections
 from certs.authority import ca_bundle, generate_ca, issue_serving, service_dns_names, write_atomic  # noqa: E402
 from harness import gotools  # noqa: E402
 from harness.controlplane import API_PORT, NS_ADDRESS, ControlPlane, control_plane  # noqa: E402
@@ -160,95 +159,6 @@ def bodies(pod: Obj, prefix: str, count: int, labels: dict[str, str]) -> list[by
         obj["metadata"].setdefault("labels", {}).update(labels)
         out.append(json.dumps(obj, separators=(",", ":")).encode())
     return out
-
-
-# --- the load generator's connections ---------------------------------------------------------------
-
-
-class _Answer:
-    """httptools' callbacks for one response."""
-
-    def __init__(self) -> None:
-        self.body = bytearray()
-        self.complete = False
-        self.close = False  # the server said Connection: close (HTTP/1.1 keeps the connection otherwise)
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        if name.lower() == b"connection" and value.lower() == b"close":
-            self.close = True
-
-    def on_body(self, data: bytes) -> None:
-        self.body += data
-
-    def on_message_complete(self) -> None:
-        self.complete = True
-
-
-Stream = tuple[asyncio.StreamReader, asyncio.StreamWriter]
-
-
-class Pool:
-    """Up to `size` keep-alive HTTPS connections to the API server, HTTP/1.1 with httptools parsing the
-    answers: a few tens of microseconds of this process per create, where httpx's pool costs milliseconds
-    on this machine and grows with the number of creates waiting for a connection. A create beyond `size`
-    waits for a free connection (counted as the pool running out)."""
-
-    def __init__(self, host: str, port: int, context: ssl.SSLContext, size: int) -> None:
-        self.host, self.port, self.context, self.size = host, port, context, size
-        self._idle: asyncio.Queue[Stream | None] = asyncio.Queue()
-        self._open = 0
-        self.opened = 0  # connections opened, replacements included
-        self.waited = 0  # creates that found every connection busy
-
-    async def _take(self) -> Stream:
-        if self._idle.empty():
-            if self._open < self.size:
-                self._open += 1
-                return await self._connect()
-            self.waited += 1
-        stream = await self._idle.get()
-        return stream if stream is not None else await self._connect()
-
-    async def _connect(self) -> Stream:
-        try:
-            stream = await asyncio.open_connection(self.host, self.port, ssl=self.context)
-        except BaseException:
-            self._idle.put_nowait(None)  # a slot to open again
-            raise
-        self.opened += 1
-        return stream
-
-    async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
-        head = (
-            f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\nContent-Type: application/json\r\n"
-            f"Accept: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
-        )
-        reader, writer = stream = await self._take()
-        answer = _Answer()
-        parser = httptools.HttpResponseParser(answer)
-        try:
-            writer.write(head.encode() + body)
-            while not answer.complete:
-                data = await reader.read(65536)
-                if not data:
-                    raise ConnectionError("the API server closed the connection")
-                parser.feed_data(data)
-        except BaseException:
-            writer.close()
-            self._idle.put_nowait(None)
-            raise
-        if answer.close:
-            writer.close()
-            self._idle.put_nowait(None)
-        else:
-            self._idle.put_nowait(stream)
-        return parser.get_status_code(), bytes(answer.body)
-
-    async def close(self) -> None:
-        while not self._idle.empty():
-            stream = self._idle.get_nowait()
-            if stream is not None:
-                stream[1].close()
 
 
 class Durations(NamedTuple):
