@@ -8,11 +8,17 @@ conditions) served in pages of 500 by the tests' list/watch API server in a proc
    node (its own log line), RSS with the cache held and the peak (VmHWM), per thousand nodes.
 3. Label keys, in this process: the cache's memory (tracemalloc) with the 15 labels, then with 10 keys
    more valued per node group, then per node, each from a cluster of its own: the cost of one key.
-4. Admission latency, in one server and one run: wrk on POST /mutate (a Flyte 1.15 review, 8
-   connections) idle, while the API server sends node status updates at `--events` a second, and while
-   the node cache relists over and over; each round measures the three in turn, medians over rounds.
+4. Admission latency, in one server and one run: POST /mutate (a Flyte 1.15 review) idle, while the API
+   server sends node status updates at `--events` a second, and while the node cache relists over and
+   over; each round measures the three in turn, each twice: saturated by wrk (8 connections; the p99 is
+   the server's queue, so it says what the background work costs in throughput, beside each process's
+   CPU), then at `--rate` a second, open loop (bench/paced.py: what holds the loop, as a caller below
+   saturation feels it). Medians over rounds.
+5. With `--beside DIR` (repeatable): the relist at `--rate`, this checkout's server and each other
+   checkout's in turn against the same cluster, the order reversed every other round.
 
     python bench/nodes_bench.py [--nodes 5000] [--images 50] [--repeat 3] [--events 2000] [--seconds 8]
+        [--rate 1000] [--beside DIR]
 """
 
 from __future__ import annotations
@@ -215,7 +221,8 @@ def _status_self() -> float:
 class Server:
     """`copilot-webhook serve` against the cluster, with the tests' certificate."""
 
-    def __init__(self, cluster: Cluster, tls: Path, work: Path) -> None:
+    def __init__(self, cluster: Cluster, tls: Path, work: Path, checkout: Path | None = None) -> None:
+        """`checkout`: another checkout of this project whose server to run (default: this one's)."""
         self.port = free_port()
         config = work / "config.yaml"
         config.write_text(f"cluster:\n  kubeconfig: {write_kubeconfig(work / 'kubeconfig', cluster.url)}\n")
@@ -223,7 +230,7 @@ class Server:
         command = [sys.executable, "-m", "webhook", "serve", "--config", str(config), "--host", "127.0.0.1"]
         command += ["--port", str(self.port), "--tls-cert", str(tls / "tls.crt"), "--tls-key", str(tls / "tls.key")]
         with self.log.open("wb") as out:
-            self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+            self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=checkout or ROOT)
 
     def synced(self, timeout: float = 120) -> float:
         """Seconds the node cache took to list and project every node, from its log line."""
@@ -439,6 +446,50 @@ def latency(
     return lines
 
 
+def beside(
+    cluster: Cluster, tls: Path, work: Path, checkouts: list[Path], rounds: int, seconds: int, rate: float
+) -> list[str]:
+    """/mutate at `rate` a second, open loop, idle then during relists then idle again, for this checkout's
+    server and each of `checkouts`, one after another against the same cluster, the order reversed every
+    other round: what a change does to the tail during a relist, side by side on the same machine."""
+    servers = [ROOT, *checkouts]
+    runs: dict[Path, list[tuple[float, float, float]]] = {checkout: [] for checkout in servers}
+    for turn in range(rounds):
+        for checkout in servers if turn % 2 == 0 else servers[::-1]:
+            server = Server(cluster, tls, work, checkout)
+            try:
+                server.synced()
+                time.sleep(2)
+                paced(server.port, tls, rate, 2)  # warm up
+                before = paced(server.port, tls, rate, seconds)["p99"]
+                stop = threading.Event()
+                thread = threading.Thread(target=_keep_relisting, args=(cluster, server, stop), daemon=True)
+                thread.start()
+                time.sleep(1)
+                during = paced(server.port, tls, rate, seconds)
+                stop.set()
+                thread.join()
+                after = paced(server.port, tls, rate, seconds)["p99"]
+            finally:
+                server.close()
+            runs[checkout].append((statistics.median((before, after)), during["p99"], during["p99.9"]))
+    lines = [
+        f"/mutate at {rate:,.0f} requests a second, open loop, side by side ({rounds} rounds of {seconds} s; "
+        "idle: the median of the measures before and after the relists):\n",
+        "| server | idle p99 | relist p99 | relist ÷ idle | relist ÷ idle, each round | relist p99.9 |",
+        "|---|---:|---:|---:|---|---:|",
+    ]
+    for checkout, results in runs.items():
+        idle, during_p99, during_p999 = (statistics.median(r[i] for r in results) for i in range(3))
+        each = ", ".join(f"{r[1] / r[0]:.2f}" for r in results)
+        name = "this checkout" if checkout == ROOT else str(checkout)
+        lines.append(
+            f"| {name} | {idle:.2f} ms | {during_p99:.2f} ms | {during_p99 / idle:.2f}x | {each} "
+            f"| {during_p999:.2f} ms |"
+        )
+    return lines
+
+
 def _keep_relisting(cluster: Cluster, server: Server, stop: threading.Event) -> None:
     """Force a relist, wait for it to finish, force the next, until told to stop; the last one is waited
     for, so it does not run into the next idle measurement."""
@@ -466,6 +517,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=int, default=8)
     parser.add_argument("--rate", type=float, default=1000, help="/mutate's fixed rate a second, below saturation")
     parser.add_argument("--skip", action="append", default=[], choices=["formats", "keys", "server", "latency"])
+    parser.add_argument(
+        "--beside", type=Path, action="append", default=[], help="another checkout, its relist measured beside"
+    )
     args = parser.parse_args()
 
     from certs.authority import generate_files
@@ -487,7 +541,9 @@ def main() -> None:
         if "keys" not in args.skip:
             print("\n".join(label_keys(cluster, args.nodes, args.images)) + "\n")
         if "latency" not in args.skip:
-            print("\n".join(latency(cluster, tls, work, args.repeat, args.seconds, args.events, args.rate)))
+            print("\n".join(latency(cluster, tls, work, args.repeat, args.seconds, args.events, args.rate)) + "\n")
+        if args.beside:
+            print("\n".join(beside(cluster, tls, work, args.beside, args.repeat, args.seconds, args.rate)))
     finally:
         cluster.close()
 
