@@ -412,6 +412,10 @@ def latency(
         f"({statistics.median(generated):,.0f} made)",
         "relist": f"{statistics.median(relists)} full relists per {2 * seconds} s (both measures)",
     }
+    return [*_saturated_table(results, notes), "", *_paced_table(fixed, rate)]
+
+
+def _saturated_table(results: dict[str, list[Round]], notes: dict[str, str]) -> list[str]:
     idle_p99 = statistics.median(r[2] for r in results["idle"])
     lines = [
         "Saturated (wrk, 8 connections; CPU seconds per second of each process):\n",
@@ -428,9 +432,13 @@ def latency(
             f"| {phase} | {rate_seen:,.0f} | {p50:.2f} ms | {p99:.2f} ms | {p99 / idle_p99:.2f}x | {each} | {cpu} "
             f"| {notes[phase]} |"
         )
+    return lines
+
+
+def _paced_table(fixed: dict[str, list[dict[str, Any]]], rate: float) -> list[str]:
     idle_p99 = statistics.median(r["p99"] for r in fixed["idle"])
-    lines += [
-        f"\nAt {rate:,.0f} requests a second, open loop (bench/paced.py; latency from each request's due time):\n",
+    lines = [
+        f"At {rate:,.0f} requests a second, open loop (bench/paced.py; latency from each request's due time):\n",
         "| /mutate under | p50 | p99 | p99 / idle | p99.9 | worst | p99 of each round |",
         "|---|---:|---:|---:|---:|---:|---|",
     ]
