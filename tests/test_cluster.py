@@ -22,7 +22,7 @@ from harness.environment import eventually
 from harness.fake_apiserver import TOKEN, FakeAPIServer, namespace, node, write_kubeconfig
 from webhook.cluster.access import ClusterView, api_client, client_without_retries, load_configuration
 from webhook.cluster.errors import ClusterAccessError, EnsureError, described, failure
-from webhook.cluster.informer import Informer, list_pages
+from webhook.cluster.informer import RELIST_SHARE, Informer, list_pages, relist_rest
 from webhook.cluster.nodes import project_node
 from webhook.config import ClusterSettings
 
@@ -236,6 +236,20 @@ def _paged(count: int, size: int) -> Callable[..., _Answer]:
         return _Answer(orjson.dumps({"kind": "NamespaceList", "metadata": metadata, "items": items}))
 
     return list_call
+
+
+def test_a_relist_while_serving_rests_by_its_cpu_share_and_within_its_bound() -> None:
+    page_cpu, page_wall = 0.0015, 0.004  # a page of 50 nodes: our CPU, and the call's time in all
+    # Plenty of time left: the rest keeps the relist's CPU at its share of the page's cycle.
+    rest = relist_rest(page_cpu, page_wall, 100.0, 10)
+    assert page_cpu / (page_wall + rest) == pytest.approx(RELIST_SHARE)
+    # Little time left for many pages: each page gets its part of what is left, and no more.
+    assert relist_rest(page_cpu, page_wall, 1.0, 100) == pytest.approx(1.0 / 100 - page_wall)
+    # Past the bound, or a page whose call alone took longer than its cycle: no rest.
+    assert relist_rest(page_cpu, page_wall, -5.0, 100) == 0.0
+    assert relist_rest(page_cpu, 1.0, 100.0, 10) == 0.0
+    # The last pages (the estimate from what is held can run out before the list does) count as one.
+    assert relist_rest(page_cpu, page_wall, 1.0, 0) == relist_rest(page_cpu, page_wall, 1.0, 1)
 
 
 def test_the_collector_rests_during_the_first_list_only() -> None:

@@ -46,8 +46,14 @@ ListCall = Callable[..., Any]  # CoreV1Api.list_node / list_namespace
 
 PAGE_SIZE = 500
 YIELD_EVERY = 10  # objects projected between two yields of the interpreter to the event loop
-RELIST_PACING = 2.0  # a relist while serving rests this long after each page, relative to the page's time
 RELIST_PAGE_SIZE = 50
+# A relist while serving takes at most this share of the interpreter, by its thread's CPU time (the requests'
+# p99 moves once it takes more than about 1%: docs/performance.md), ...
+RELIST_SHARE = 1 / 64
+# ... unless that would make it last longer than this. The watch resumes from the list's resourceVersion,
+# and the API server's watch cache keeps at least 75 s of events (k8s.io/apiserver's cacher,
+# DefaultEventFreshDuration), not always more; older, the watch gets 410 Gone and the relist starts over.
+RELIST_SECONDS = 60.0
 WATCH_SECONDS = 290  # the API server ends a watch at its own minRequestTimeout; we ask a little less
 TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io"
 # A Table row -> the object the projection reads (None: unreadable), given the column names in order.
@@ -109,6 +115,16 @@ def _settle(future: Future[objects.ListPage], call: Callable[[str], objects.List
     except BaseException as exc:  # handed to the caller, raised where it waits for the page
         future.set_exception(exc)
     del future  # the failure's traceback holds this frame: it must not hold the future that holds it
+
+
+def relist_rest(cpu: float, wall: float, seconds_left: float, pages_left: int) -> float:
+    """Seconds a relist while serving rests after a page that took `cpu` seconds of its thread's CPU and
+    `wall` seconds in all (the API server's time included): enough to keep its share of the interpreter at
+    RELIST_SHARE, no more than leaves each of the `pages_left` pages its part of `seconds_left`, never
+    below zero."""
+    by_share = cpu / RELIST_SHARE - wall
+    by_deadline = seconds_left / max(pages_left, 1) - wall
+    return max(0.0, min(by_share, by_deadline))
 
 
 def _malloc_trim() -> Callable[[], object]:
@@ -287,7 +303,7 @@ class Informer(Generic[T]):
         items: dict[str, T] = {}
         changed: set[str] = set()
         kept = 0  # names held before and listed again: all of them means none was removed
-        page_started = time.monotonic()
+        page_started, page_cpu = time.monotonic(), time.thread_time()
         # While serving, smaller pages: decoding one is a single call that holds the interpreter, so the page's
         # size bounds how long a request waits for it.
         synced = self.synced.is_set()
@@ -301,13 +317,15 @@ class Informer(Generic[T]):
                 kept += self._take_page(page, held, items, changed=changed)
                 metadata = page.get("metadata") or {}
                 self.resource_version = metadata.get("resourceVersion")
-                # A relist while serving takes turns with the requests: it rests RELIST_PACING times as long as
-                # each page took, so it holds the interpreter at most 1 / (1 + RELIST_PACING) of the relist's
-                # time; the snapshot it replaces serves meanwhile (docs/performance.md has /mutate's p99 then).
-                # (The first list runs flat out: the pod is not ready, no request waits for it.)
-                now = time.monotonic()
-                time.sleep((now - page_started) * RELIST_PACING if synced else 0)
-                page_started = time.monotonic()
+                # A relist while serving takes turns with the requests, resting after each page (relist_rest),
+                # the pages left estimated from what is held; the snapshot it replaces serves meanwhile. The
+                # first list runs flat out: the pod is not ready, no request waits for it.
+                if synced:
+                    now = time.monotonic()
+                    pages_left = -(-max(len(held) - len(items), page_size) // page_size)
+                    cpu = time.thread_time() - page_cpu
+                    time.sleep(relist_rest(cpu, now - page_started, started + RELIST_SECONDS - now, pages_left))
+                page_started, page_cpu = time.monotonic(), time.thread_time()
             if kept < len(held):
                 changed.update(held.keys() - items.keys())
             if changed or not synced:
