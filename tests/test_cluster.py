@@ -252,6 +252,24 @@ def test_a_relist_while_serving_rests_by_its_cpu_share_and_within_its_bound() ->
     assert relist_rest(page_cpu, page_wall, 1.0, 0) == relist_rest(page_cpu, page_wall, 1.0, 1)
 
 
+def test_a_stopped_informer_ends_its_relist_at_the_next_rest() -> None:
+    calls: list[dict[str, Any]] = []
+    pages = _paged(25, 10)
+
+    def list_call(**kwargs: Any) -> _Answer:
+        calls.append(kwargs)
+        return pages(**kwargs)
+
+    informer: Informer[str] = Informer("namespace", list_call, lambda obj: str(obj["metadata"]["name"]))
+    informer.list_once()  # the first list: 3 pages of 10
+    assert len(calls) == 3
+    held = informer.items
+    informer.stopping.set()
+    informer.list_once()  # a relist while serving: it stops after its first page
+    assert len(calls) == 4
+    assert informer.items is held  # nothing half-listed is published
+
+
 def test_the_collector_rests_during_the_first_list_only() -> None:
     seen: list[bool] = []
 

@@ -324,7 +324,9 @@ class Informer(Generic[T]):
                     now = time.monotonic()
                     pages_left = -(-max(len(held) - len(items), page_size) // page_size)
                     cpu = time.thread_time() - page_cpu
-                    time.sleep(relist_rest(cpu, now - page_started, started + RELIST_SECONDS - now, pages_left))
+                    rest = relist_rest(cpu, now - page_started, started + RELIST_SECONDS - now, pages_left)
+                    if self.stopping.wait(rest):
+                        return  # stopped: the rest of the relist is for nobody
                 page_started, page_cpu = time.monotonic(), time.thread_time()
             if kept < len(held):
                 changed.update(held.keys() - items.keys())
