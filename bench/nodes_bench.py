@@ -24,6 +24,7 @@ conditions) served in pages of 500 by the tests' list/watch API server in a proc
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import gc
 import json
@@ -36,7 +37,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -395,12 +396,8 @@ def latency(
             time.sleep(1)
 
             done = server.listed()
-            stop = threading.Event()
-            thread = threading.Thread(target=_keep_relisting, args=(cluster, server, stop), daemon=True)
-            thread.start()
-            measure("relist")
-            stop.set()
-            thread.join()
+            with relisting(cluster, server):
+                measure("relist")
             relists.append(server.listed() - done)
     finally:
         cluster.command("events 0")
@@ -470,13 +467,9 @@ def beside(
                 time.sleep(2)
                 paced(server.port, tls, rate, 2)  # warm up
                 before = paced(server.port, tls, rate, seconds)["p99"]
-                stop = threading.Event()
-                thread = threading.Thread(target=_keep_relisting, args=(cluster, server, stop), daemon=True)
-                thread.start()
-                time.sleep(1)
-                during = paced(server.port, tls, rate, seconds)
-                stop.set()
-                thread.join()
+                with relisting(cluster, server):
+                    time.sleep(1)
+                    during = paced(server.port, tls, rate, seconds)
                 after = paced(server.port, tls, rate, seconds)["p99"]
             finally:
                 server.close()
@@ -496,6 +489,20 @@ def beside(
             f"| {during_p999:.2f} ms |"
         )
     return lines
+
+
+@contextlib.contextmanager
+def relisting(cluster: Cluster, server: Server) -> Iterator[None]:
+    """The server's node cache relisting over and over while the block runs, and the last relist finished
+    when it ends."""
+    stop = threading.Event()
+    thread = threading.Thread(target=_keep_relisting, args=(cluster, server, stop), daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 def _keep_relisting(cluster: Cluster, server: Server, stop: threading.Event) -> None:

@@ -115,6 +115,7 @@ class Pool:
 
 
 def percentile(ordered: list[float], q: float) -> float:
+    """Of sorted values, the one at rank int(q * n), the last at most; NaN for none."""
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 

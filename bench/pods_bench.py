@@ -70,7 +70,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.load import build_go_floor  # noqa: E402 - the anchor's build
-from bench.paced import Pool  # noqa: E402 - the open-loop client's connections
+from bench.paced import Pool, percentile  # noqa: E402 - the open-loop client's connections
 from certs.authority import ca_bundle, generate_ca, issue_serving, service_dns_names, write_atomic  # noqa: E402
 from harness import gotools  # noqa: E402
 from harness.controlplane import API_PORT, NS_ADDRESS, ControlPlane, control_plane  # noqa: E402
@@ -255,10 +255,7 @@ class Phase:
     ours_seen: Durations = field(default_factory=lambda: Durations(0.0, {}))
 
     def pct(self, q: float) -> float:
-        ordered = sorted(self.latencies)
-        if not ordered:
-            return float("nan")
-        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
+        return percentile(sorted(self.latencies), q) * 1000
 
     @property
     def sent(self) -> bool:
@@ -575,8 +572,7 @@ class Totals:
         return sorted(x for p in self.slices for x in p.latencies)
 
     def pct(self, q: float) -> float:
-        ordered = self.latencies
-        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000 if ordered else float("nan")
+        return percentile(self.latencies, q) * 1000
 
     def worst(self) -> Phase:
         """The slice with the highest p99."""
