@@ -186,11 +186,50 @@ def _read(row: dict[str, Any]) -> dict[str, Any]:
 
 def test_unchanged_nodes_keep_their_objects() -> None:
     obj = node("a", labels={"zone": "z"})
-    held = {"a": project_node(obj)}
+    held = {"a": project_node(obj, LabelShapes())}
     again = project_node(_via_table(obj), LabelShapes(), held)
     assert again is held["a"]
     relabelled = node("a", labels={"zone": "y"})
     assert project_node(_via_table(relabelled), LabelShapes(), held).labels["zone"] == "y"
+    # The same labels, but what the runtime rules read besides them changed: new facts, not the held ones.
+    for changed, facts in (
+        (node("a", "docker://24.0.7", labels={"zone": "z"}), ("docker", None, None)),
+        (node("a", "containerd://1.7.7-k3s1", labels={"zone": "z"}), ("containerd", None, "k3s")),
+        (
+            node("a", labels={"zone": "z"}, annotations={"kubeadm.alpha.kubernetes.io/cri-socket": "unix:///c.sock"}),
+            ("containerd", "/c.sock", None),
+        ),
+    ):
+        projected = project_node(_via_table(changed), LabelShapes(), held)
+        assert projected is not held["a"]
+        assert projected.group == facts
+        assert projected.labels == held["a"].labels
+
+
+LABEL_KEYS = st.sampled_from(["kubernetes.io/hostname", "zone", "pool", "a"])
+LABEL_VALUES = st.sampled_from(["n1", "n2", "eu-west-1a", "p"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    labels=st.dictionaries(LABEL_KEYS, LABEL_VALUES),
+    other=st.dictionaries(LABEL_KEYS, st.one_of(LABEL_VALUES, st.integers(0, 2), st.none())),
+    reverse=st.booleans(),
+)
+def test_held_labels_equal_a_mapping_exactly_when_it_has_their_pairs(
+    labels: dict[str, str], other: dict[str, Any], reverse: bool
+) -> None:
+    """Equal whatever the order of the keys (a relist's labels are compared position by position when they
+    come in the order held), and the node's name stands in for its own value ("n1" here) either way."""
+    held = LabelShapes()("n1", labels)
+    for candidate in (other, dict(reversed(labels.items())) if reverse else dict(labels)):
+        assert (held == candidate) is (labels == candidate)
+        assert (candidate == held) is (labels == candidate)
+        assert (held == _Plain(candidate)) is (labels == candidate)
+
+
+class _Plain(dict[str, Any]):
+    """A mapping that is not exactly a dict: compared key by key, not position by position."""
 
 
 # --- the cache end to end: Table lists and watches against full objects ------------------------------------

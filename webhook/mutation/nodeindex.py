@@ -54,13 +54,25 @@ class NodeLabels(Mapping[str, str]):
         return len(self._values)
 
     def __eq__(self, other: object) -> bool:
-        if isinstance(other, NodeLabels) and other._positions is self._positions and other._values is self._values:
-            return other._name == self._name or None not in self._values  # shared: only the name may differ
-        if not isinstance(other, Mapping) or len(other) != len(self._values):
+        values = self._values
+        if type(other) is dict and len(other) == len(values) and list(other) == list(self._positions):
+            # The same keys in the same order (the API server writes a map's keys sorted, so a relist's labels
+            # come as they came before): compared position by position, in C.
+            return list(other.values()) == self._value_list()
+        if isinstance(other, NodeLabels) and other._positions is self._positions and other._values is values:
+            return other._name == self._name or None not in values  # shared: only the name may differ
+        if not isinstance(other, Mapping) or len(other) != len(values):
             return False
         missing, name = object(), self._name
-        pairs = zip(self._positions, self._values, strict=True)
+        pairs = zip(self._positions, values, strict=True)
         return all(other.get(key, missing) == (name if value is None else value) for key, value in pairs)
+
+    def _value_list(self) -> list[str]:
+        """The values in key order, the node's name where it stands in."""
+        values: list[Any] = list(self._values)
+        while None in values:
+            values[values.index(None)] = self._name
+        return values
 
     __hash__ = None  # type: ignore[assignment]  # equal to dicts, which are unhashable
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from webhook.config import FLAVOURS, ImagePullerSettings
-from webhook.mutation.facts import ClusterFacts, NodeFacts, NodeSnapshot, RequestFacts
+from webhook.mutation.facts import ClusterFacts, Group, NodeFacts, NodeSnapshot, RequestFacts
 from webhook.mutation.nodeindex import LabelIndex
 from webhook.mutation.pod import PodView
 from webhook.mutation.reasons import PullerSkip
@@ -33,7 +33,8 @@ def flavour_of(runtime_version: Any) -> str | None:
     return scheme if scheme in FLAVOURS else None
 
 
-def node_facts(runtime_version: Any, labels: Mapping[str, str], annotations: Mapping[str, str]) -> NodeFacts:
+def node_group(runtime_version: Any, labels: Mapping[str, str], annotations: Mapping[str, str]) -> Group:
+    """(flavour, cri socket, distribution): the runtime group of a node, the NodeFacts but its labels."""
     flavour = flavour_of(runtime_version)
     socket = annotations.get(CRI_SOCKET_ANNOTATION) or None
     if socket is not None:
@@ -43,7 +44,11 @@ def node_facts(runtime_version: Any, labels: Mapping[str, str], annotations: Map
         distro = "k3s"
     elif any(key in labels for key in MICROK8S_LABELS):
         distro = "microk8s"
-    return NodeFacts(flavour, socket, distro, labels)
+    return (flavour, socket, distro)
+
+
+def node_facts(runtime_version: Any, labels: Mapping[str, str], annotations: Mapping[str, str]) -> NodeFacts:
+    return NodeFacts(*node_group(runtime_version, labels, annotations), labels)
 
 
 class Runtime(NamedTuple):
