@@ -25,7 +25,7 @@ from webhook.cluster.access import api_client
 from webhook.cluster.nodes import NodeCache, node_from_row, project_node
 from webhook.config import ClusterSettings
 from webhook.mutation.facts import NodeFacts, NodeSnapshot, node_snapshot
-from webhook.mutation.nodeindex import LabelShapes, NodeLabels
+from webhook.mutation.nodeindex import IdTable, LabelIndex, LabelShapes, NodeLabels
 
 NODES = "/api/v1/nodes"
 COLUMNS: list[str] = [str(c["name"]) for c in NODE_COLUMNS]
@@ -340,6 +340,30 @@ def test_an_incremental_snapshot_equals_a_full_build(
         assert ("zone", "nowhere") not in snapshot.by_label
         assert "n0" not in snapshot.by_label.get(("zone", "x"), ())
     assert _index(kept[0]) == _brute_index({n: compact(n, f) for n, f in start.items()})  # older ones unchanged
+
+
+def test_node_ids_are_found_by_name_and_never_reused() -> None:
+    table = IdTable(["n3", "n1", "n2"])
+    assert [table.get(n) for n in ("n1", "n2", "n3")] == [0, 1, 2]  # the build's names, sorted
+    assert [table.get(n) for n in ("n0", "n9", "")] == [None, None, None]
+    assert table.add("n2") == 1  # known: its id
+    assert table.add("n0") == 3  # new, though it sorts first: appended, after every id in use
+    assert (table.add("n0"), table.get("n0"), len(table)) == (3, 3, 4)
+    assert table.names[3] == "n0"
+
+
+def test_a_full_build_indexes_nodes_of_shared_and_own_labels_alike() -> None:
+    shapes = LabelShapes()
+    nodes: dict[str, NodeFacts] = {}
+    for i in range(40):
+        labels = {"pool": f"p{i % 3}", "zone": f"z{i % 2}", "kubernetes.io/hostname": f"n{i:02}"}
+        facts = NodeFacts("containerd", None, None, labels)
+        nodes[f"n{i:02}"] = facts._replace(labels=shapes(f"n{i:02}", labels)) if i % 4 else facts
+    index = LabelIndex.build(nodes)
+    assert _index(node_snapshot(nodes)) == {p: set(n) for p, n in index.items()} == _brute_index(nodes)
+    assert sorted(index[("pool", "p1")]) == [f"n{i:02}" for i in range(40) if i % 3 == 1]
+    assert "n01" in index[("pool", "p1")]
+    assert "n02" not in index[("pool", "p1")]
 
 
 def _brute_index(nodes: dict[str, NodeFacts]) -> dict[tuple[str, str], set[str]]:

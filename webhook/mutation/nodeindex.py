@@ -164,7 +164,7 @@ class Names(Collection[str]):
         return len(self._ids) + (self._extra is not None)
 
     def __iter__(self) -> Iterator[str]:
-        found = map(self._index.names.__getitem__, self._ids)  # at C speed: set() and set operations read it
+        found = map(self._index.table.names.__getitem__, self._ids)  # at C speed: set() and set operations read it
         return found if self._extra is None else itertools.chain(found, (self._extra,))
 
     def __contains__(self, name: object) -> bool:
@@ -172,11 +172,41 @@ class Names(Collection[str]):
             return False
         if name == self._extra:
             return True
-        at = self._index.ids.get(name)
+        at = self._index.table.get(name)
         if at is None:
             return False
         found = bisect.bisect_left(self._ids, at)
         return found < len(self._ids) and self._ids[found] == at
+
+
+class IdTable:
+    """Node name <-> id without an int object per node (at 65,000 nodes a dict of ids holds about 4 MB): the
+    names of the build, sorted, each one's id its position, found by bisection; the names added since,
+    appended, with a dict of their own ids. Shared by an index's lineage; it only grows."""
+
+    __slots__ = ("_added", "_sorted", "names")
+
+    def __init__(self, names: Iterable[str]) -> None:
+        self.names: list[str] = sorted(names)
+        self._sorted = len(self.names)
+        self._added: dict[str, int] = {}
+
+    def get(self, name: str) -> int | None:
+        at = bisect.bisect_left(self.names, name, 0, self._sorted)
+        if at < self._sorted and self.names[at] == name:
+            return at
+        return self._added.get(name)
+
+    def add(self, name: str) -> int:
+        """The name's id, a new one if it has none."""
+        found = self.get(name)
+        if found is None:
+            found = self._added[name] = len(self.names)
+            self.names.append(name)
+        return found
+
+    def __len__(self) -> int:
+        return len(self.names)
 
 
 class LabelIndex(Mapping[Pair, Collection[str]]):
@@ -184,8 +214,8 @@ class LabelIndex(Mapping[Pair, Collection[str]]):
     returns a new index sharing what did not change. Node ids are never reused within the index's
     lineage (a snapshot in use keeps reading its own ids); a full build starts them over."""
 
-    def __init__(self, nodes: Mapping[str, _Labelled], names: list[str], ids: dict[str, int]) -> None:
-        self.nodes, self.names, self.ids = nodes, names, ids
+    def __init__(self, nodes: Mapping[str, _Labelled], table: IdTable) -> None:
+        self.nodes, self.table = nodes, table
         self.postings: dict[Pair, array[int]] = {}
         # Answers derived from these nodes alone, kept by those who ask (runtime.py); a new index, made
         # at every change of the nodes, starts without them.
@@ -193,47 +223,51 @@ class LabelIndex(Mapping[Pair, Collection[str]]):
 
     @classmethod
     def build(cls, nodes: Mapping[str, _Labelled]) -> LabelIndex:
-        names = list(nodes)
-        index = cls(nodes, names, {name: i for i, name in enumerate(names)})
-        # Nodes with the very same labels (a pool's, save the hostname) are indexed as one group.
-        groups: dict[tuple[int, int], tuple[Iterable[Pair], list[int]]] = {}
-        for i, name in enumerate(names):
+        table = IdTable(nodes)
+        index = cls(nodes, table)
+        # Nodes with the very same labels (a pool's, save the hostname) are indexed as one group. Ids are
+        # gathered in arrays of 4-byte integers, not lists of int objects: a build at tens of thousands of
+        # nodes would otherwise allocate more than the index it makes (the first list's peak memory).
+        groups: dict[tuple[int, int], tuple[Iterable[Pair], array[int]]] = {}
+        for i, name in enumerate(table.names):
             labels = nodes[name].labels
             if isinstance(labels, NodeLabels):
                 group = groups.get(labels.shape)
                 if group is None:
-                    group = groups[labels.shape] = (labels.shared_pairs(), [])
+                    group = groups[labels.shape] = (labels.shared_pairs(), array("I"))
                 group[1].append(i)
             else:
-                groups[(-1, i)] = ([(k, v) for k, v in labels.items() if v != name], [i])
-        lists: dict[Pair, list[int]] = {}
+                groups[(-1, i)] = ([(k, v) for k, v in labels.items() if v != name], array("I", (i,)))
+        by_pair: dict[Pair, list[array[int]]] = {}
         for pairs, ids in groups.values():
             for pair in pairs:
-                lists.setdefault(pair, []).extend(ids)
-        index.postings = {pair: array("I", sorted(ids)) for pair, ids in lists.items()}
+                by_pair.setdefault(pair, []).append(ids)
+        # A pair of one group shares that group's ids (postings are never changed in place: _changed_ids
+        # copies); a pair of several gets their ids merged, sorted, in one array of its own.
+        postings = {
+            pair: found[0] if len(found) == 1 else array("I", sorted(itertools.chain.from_iterable(found)))
+            for pair, found in by_pair.items()
+        }
+        index.postings = postings
         return index
 
     def stale(self) -> bool:
         """Too many ids of nodes gone: the next change should build afresh."""
-        return len(self.names) > 1000 + 2 * len(self.nodes)
+        return len(self.table) > 1000 + 2 * len(self.nodes)
 
     def updated(
         self, nodes: Mapping[str, _Labelled], before: Mapping[str, _Labelled], changed: Iterable[str]
     ) -> LabelIndex:
         """The index of `nodes`, given the names that changed since `before` (this index's nodes). The id
         table grows in place: a snapshot in use never holds the ids added after it, and none is reused."""
-        names, ids = self.names, self.ids
         steps: dict[Pair, list[tuple[int, bool]]] = {}
         for name in changed:
-            if name not in ids:
-                ids[name] = len(names)
-                names.append(name)
-            node_id = ids[name]
+            node_id = self.table.add(name)
             for facts, add in ((before.get(name), False), (nodes.get(name), True)):
                 for pair in facts.labels.items() if facts is not None else ():
                     if pair[1] != name:
                         steps.setdefault(pair, []).append((node_id, add))
-        index = LabelIndex(nodes, names, ids)
+        index = LabelIndex(nodes, self.table)
         index.postings = postings = dict(self.postings)
         for pair, changes in steps.items():
             found = _changed_ids(postings.get(pair, array("I")), changes)
