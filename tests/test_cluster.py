@@ -3,6 +3,7 @@ the list and watch protocol (harness/fake_apiserver.py)."""
 
 from __future__ import annotations
 
+import copy
 import gc
 import logging
 import re
@@ -471,6 +472,50 @@ def test_in_cluster_access_names_the_service_accounts_namespace(
         "cluster access: the in-cluster service account of namespace flyte-system, API server https://10.96.0.1:443"
     ]
     assert "a-secret-token" not in caplog.text
+
+
+def test_credentials_are_refreshed_at_most_once_a_second_for_each_client(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loader's hook, which reads the whole environment on each run, runs once a second at most, whatever
+    the number of requests; it still refreshes, and a copy of the configuration keeps its own time."""
+    from webhook.cluster import access
+
+    now = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])
+    configuration = load_configuration(
+        ClusterSettings(kubeconfig=str(write_kubeconfig(tmp_path / "kubeconfig", "https://127.0.0.1:1")))
+    )
+    assert configuration is not None
+    wrapped = configuration.refresh_api_key_hook
+    assert isinstance(wrapped, access.RefreshAtMostEvery)
+    for _ in range(3):
+        assert configuration.auth_settings()["BearerToken"]["value"] == f"Bearer {TOKEN}"
+        now[0] += 1
+    assert configuration.refresh_api_key_hook is wrapped, "the kubeconfig loader's hook installed itself again"
+
+    runs: list[str] = []
+
+    def loader(conf: Any) -> None:  # as the loaders do: set the credential read, install the hook again
+        runs.append("run")
+        conf.api_key["BearerToken"] = f"token-{len(runs)}"
+        conf.refresh_api_key_hook = loader
+
+    configuration.refresh_api_key_hook = access.RefreshAtMostEvery(loader)
+    assert {configuration.auth_settings()["BearerToken"]["value"] for _ in range(100)} == {"token-1"}
+    assert runs == ["run"]
+    copied = copy.deepcopy(configuration)
+    now[0] += 0.5
+    configuration.auth_settings()
+    assert len(runs) == 1
+    now[0] += 0.5
+    assert configuration.auth_settings()["BearerToken"]["value"] == "token-2"
+    # The copy keeps its own time: a second since its last run, though the original has just run.
+    assert copied.auth_settings()["BearerToken"]["value"] == "token-3"
+    now[0] += 0.5
+    assert copied.auth_settings()["BearerToken"]["value"] == "token-3"
+    assert len(runs) == 3
+    assert isinstance(configuration.refresh_api_key_hook, access.RefreshAtMostEvery)
 
 
 @pytest.mark.parametrize(

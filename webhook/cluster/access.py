@@ -5,6 +5,8 @@ from __future__ import annotations
 import copy
 import logging
 import os
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,39 @@ SERVICE_ACCOUNT_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/toke
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
+# The loaders' refresh_api_key_hook runs before every request and sets the whole configuration again, the
+# host included, whose setter reads every environment variable looking for a proxy: its cost grows with the
+# pod's environment (service links add seven variables per Service in the namespace). The credentials it
+# refreshes last minutes, so once a second is enough.
+REFRESH_SECONDS = 1.0
+
+
+class RefreshAtMostEvery:
+    """A refresh_api_key_hook run at most once per `seconds` for each configuration. It is copied with
+    the configuration (client_without_retries makes copies), so each copy keeps its own time."""
+
+    def __init__(self, hook: Callable[[client.Configuration], object], seconds: float = REFRESH_SECONDS) -> None:
+        self.hook, self.seconds = hook, seconds
+        self.last = -float("inf")
+
+    def __call__(self, configuration: client.Configuration) -> None:
+        now = time.monotonic()
+        if now - self.last >= self.seconds:
+            self.hook(configuration)
+            self.last = now
+            installed = configuration.refresh_api_key_hook
+            if installed is not None and installed is not self:  # the loaders' hooks install themselves again
+                self.hook = installed
+                configuration.refresh_api_key_hook = self
+
+
+def _refresh_at_most_every_second(configuration: client.Configuration) -> client.Configuration:
+    hook = configuration.refresh_api_key_hook
+    if hook is not None and not isinstance(hook, RefreshAtMostEvery):
+        configuration.refresh_api_key_hook = RefreshAtMostEvery(hook)
+    return configuration
+
+
 def load_configuration(settings: ClusterSettings) -> client.Configuration | None:
     """The client configuration per `cluster.enabled`: `auto` uses the in-cluster service account or a
     kubeconfig when one is present and runs without cluster facts otherwise; `true` requires access; `false`
@@ -34,9 +69,9 @@ def load_configuration(settings: ClusterSettings) -> client.Configuration | None
     kubeconfig, source = _kubeconfig(settings)
     in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and SERVICE_ACCOUNT_TOKEN.exists()
     if settings.kubeconfig is None and settings.context is None and in_cluster:
-        return _in_cluster()
+        return _refresh_at_most_every_second(_in_cluster())
     if Path(kubeconfig.split(os.pathsep)[0]).exists():
-        return _from_kubeconfig(kubeconfig, source, settings.context)
+        return _refresh_at_most_every_second(_from_kubeconfig(kubeconfig, source, settings.context))
     if settings.kubeconfig is not None:
         raise ClusterAccessError(f"the kubeconfig {settings.kubeconfig} does not exist")
     if settings.enabled == "true":
