@@ -26,6 +26,7 @@ from webhook.cluster.errors import ClusterAccessError, EnsureError, described, f
 from webhook.cluster.informer import RELIST_SHARE, Informer, list_pages, relist_rest
 from webhook.cluster.nodes import project_node
 from webhook.config import ClusterSettings
+from webhook.mutation.runtime import CRI_SOCKET_ANNOTATION
 
 NODES, NAMESPACES = "/api/v1/nodes", "/api/v1/namespaces"
 
@@ -141,6 +142,24 @@ def test_malformed_events_are_skipped_without_losing_the_cache(api: FakeAPIServe
     api.put(NODES, node("c", "docker://24.0.7"))
     assert eventually(lambda: _runtimes(view) == {"containerd": 2, "docker": 1})
     assert view.nodes.informer.skipped_events == 4
+    assert view.nodes.informer.relists == 0
+
+
+def test_a_node_whose_cri_socket_annotation_is_not_a_string_is_skipped(api: FakeAPIServer, view: ClusterView) -> None:
+    """A server that does not hold annotations to strings: the node is skipped, in a list and in a watch,
+    and the cache syncs and serves the others."""
+    bad = node("bad")
+    bad["metadata"]["annotations"][CRI_SOCKET_ANNOTATION] = 5
+    api.put_many(NODES, [node("a"), bad])
+    view.start()
+    assert view.nodes.informer.wait_synced(10)
+    assert set(view.nodes.snapshot.nodes) == {"a"}
+    worse = node("worse")
+    worse["metadata"]["annotations"][CRI_SOCKET_ANNOTATION] = ["unix:///x.sock"]
+    api.put(NODES, worse)
+    api.put(NODES, node("c", "docker://24.0.7"))
+    assert eventually(lambda: set(view.nodes.snapshot.nodes) == {"a", "c"})
+    assert view.nodes.informer.skipped_events == 2
     assert view.nodes.informer.relists == 0
 
 
