@@ -36,8 +36,7 @@ def _held_unchanged(
 ) -> NodeFacts | None:
     """The facts held for the node when projecting it again would give equal facts, else None."""
     old = held.get(name) if held is not None and isinstance(name, str) else None
-    # old[:3] is old.group without a property call; the labels compared first, so the group reads them as held.
-    if old is not None and old.labels == labels and node_group(version, labels, kept) == old[:3]:
+    if old is not None and old.labels == labels and node_group(version, labels, kept) == old.group:
         return old
     return None
 
@@ -53,6 +52,8 @@ def project_node(
     annotations = metadata.get("annotations") or {}
     if not isinstance(labels, dict) or not isinstance(annotations, dict):
         raise TypeError("node labels and annotations must be objects")
+    if not isinstance(annotations.get(CRI_SOCKET_ANNOTATION) or "", str):  # the rules read it as a path
+        raise TypeError(f"the node's {CRI_SOCKET_ANNOTATION} annotation must be a string")
     version = _runtime_version(obj)
     # Only the one annotation the rules read is kept; labels are kept whole (node selectors read any).
     kept = (

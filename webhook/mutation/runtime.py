@@ -38,8 +38,6 @@ def node_group(runtime_version: Any, labels: Mapping[str, str], annotations: Map
     flavour = flavour_of(runtime_version)
     socket = annotations.get(CRI_SOCKET_ANNOTATION) or None
     if socket is not None:
-        if not isinstance(socket, str):
-            raise TypeError(f"the node's {CRI_SOCKET_ANNOTATION} annotation must be a string")
         socket = socket.removeprefix("unix://")
     distro = None
     if (isinstance(runtime_version, str) and "-k3s" in runtime_version) or labels.get(K3S_LABEL[0]) == K3S_LABEL[1]:
