@@ -53,9 +53,8 @@ class RefreshAtMostEvery:
 
 
 def _refresh_at_most_every_second(configuration: client.Configuration) -> client.Configuration:
-    hook = configuration.refresh_api_key_hook
-    if hook is not None and not isinstance(hook, RefreshAtMostEvery):
-        configuration.refresh_api_key_hook = RefreshAtMostEvery(hook)
+    if configuration.refresh_api_key_hook is not None:
+        configuration.refresh_api_key_hook = RefreshAtMostEvery(configuration.refresh_api_key_hook)
     return configuration
 
 

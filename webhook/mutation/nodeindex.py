@@ -180,9 +180,9 @@ class Names(Collection[str]):
 
 
 class IdTable:
-    """Node name <-> id without an int object per node (at 65,000 nodes a dict of ids holds about 4 MB): the
-    names of the build, sorted, each one's id its position, found by bisection; the names added since,
-    appended, with a dict of their own ids. Shared by an index's lineage; it only grows."""
+    """Node name <-> id without an int object per node: the names of the build, sorted, each one's id its
+    position, found by bisection; the names added since, appended, with a dict of their own ids. Shared by
+    an index's lineage; it only grows."""
 
     __slots__ = ("_added", "_sorted", "names")
 
@@ -244,11 +244,10 @@ class LabelIndex(Mapping[Pair, Collection[str]]):
                 by_pair.setdefault(pair, []).append(ids)
         # A pair of one group shares that group's ids (postings are never changed in place: _changed_ids
         # copies); a pair of several gets their ids merged, sorted, in one array of its own.
-        postings = {
+        index.postings = {
             pair: found[0] if len(found) == 1 else array("I", sorted(itertools.chain.from_iterable(found)))
             for pair, found in by_pair.items()
         }
-        index.postings = postings
         return index
 
     def stale(self) -> bool:
