@@ -15,10 +15,12 @@ conditions) served in pages of 500 by the tests' list/watch API server in a proc
    CPU), then at `--rate` a second, open loop (bench/paced.py: what holds the loop, as a caller below
    saturation feels it). Medians over rounds.
 5. With `--beside DIR` (repeatable): the relist at `--rate`, this checkout's server and each other
-   checkout's in turn against the same cluster, the order reversed every other round.
+   checkout's in turn against the same cluster, the order reversed every other round. With `--elsewhere`,
+   also the control: this checkout's server idle while the same relists, paced the same way, run in a
+   process of their own (what the relist costs through the machine's CPU rather than the interpreter).
 
     python bench/nodes_bench.py [--nodes 5000] [--images 50] [--repeat 3] [--events 2000] [--seconds 8]
-        [--rate 1000] [--beside DIR]
+        [--rate 1000] [--beside DIR] [--elsewhere]
 """
 
 from __future__ import annotations
@@ -451,28 +453,96 @@ def _paced_table(fixed: dict[str, list[dict[str, Any]]], rate: float) -> list[st
     return lines
 
 
+class Elsewhere:
+    """This checkout's node cache in a process of its own against the cluster: after its first list it relists
+    on each `relist` line, paced as the server's (its cache synced), and answers `listed`. The control for the
+    relist measures: the same work on the same machine, outside the server's interpreter."""
+
+    def __init__(self, cluster: Cluster, work: Path) -> None:
+        kubeconfig = write_kubeconfig(work / "kubeconfig-elsewhere", cluster.url)
+        self.process = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), "--relist-loop", str(kubeconfig)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self.process.stdout.readline()  # type: ignore[union-attr]  # the first list
+
+    def relist(self) -> None:
+        self.process.stdin.write("relist\n")  # type: ignore[union-attr]
+        self.process.stdin.flush()  # type: ignore[union-attr]
+        self.process.stdout.readline()  # type: ignore[union-attr]
+
+    def close(self) -> None:
+        self.process.kill()
+        self.process.wait()
+
+
+def relist_loop(kubeconfig: Path) -> None:
+    """Elsewhere's process."""
+    from kubernetes import client
+
+    from webhook.cluster.access import api_client
+    from webhook.cluster.nodes import NodeCache
+    from webhook.config import ClusterSettings
+
+    cache = NodeCache(client.CoreV1Api(api_client(ClusterSettings(kubeconfig=str(kubeconfig)))).list_node)
+    cache.informer.list_once()
+    print("listed", flush=True)
+    for _ in sys.stdin:
+        cache.informer.list_once()
+        print("listed", flush=True)
+
+
+@contextlib.contextmanager
+def relisting_elsewhere(elsewhere: Elsewhere) -> Iterator[None]:
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.is_set():
+            elsewhere.relist()
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
 def beside(
-    cluster: Cluster, tls: Path, work: Path, checkouts: list[Path], rounds: int, seconds: int, rate: float
+    cluster: Cluster,
+    tls: Path,
+    work: Path,
+    checkouts: list[Path],
+    rounds: int,
+    seconds: int,
+    rate: float,
+    elsewhere: bool = False,
 ) -> list[str]:
     """/mutate at `rate` a second, open loop, idle then during relists then idle again, for this checkout's
     server and each of `checkouts`, one after another against the same cluster, the order reversed every
     other round: what a change does to the tail during a relist, side by side on the same machine."""
-    servers = [ROOT, *checkouts]
-    runs: dict[Path, list[tuple[float, float, float]]] = {checkout: [] for checkout in servers}
+    servers: list[Path | None] = [ROOT, *checkouts, *([None] if elsewhere else [])]
+    runs: dict[Path | None, list[tuple[float, float, float]]] = {checkout: [] for checkout in servers}
     for turn in range(rounds):
         for checkout in servers if turn % 2 == 0 else servers[::-1]:
-            server = Server(cluster, tls, work, checkout)
+            server = Server(cluster, tls, work, checkout or ROOT)
+            other = Elsewhere(cluster, work) if checkout is None else None
             try:
                 server.synced()
                 time.sleep(2)
                 paced(server.port, tls, rate, 2)  # warm up
                 before = paced(server.port, tls, rate, seconds)["p99"]
-                with relisting(cluster, server):
+                with relisting(cluster, server) if other is None else relisting_elsewhere(other):
                     time.sleep(1)
                     during = paced(server.port, tls, rate, seconds)
                 after = paced(server.port, tls, rate, seconds)["p99"]
             finally:
                 server.close()
+                if other is not None:
+                    other.close()
             runs[checkout].append((statistics.median((before, after)), during["p99"], during["p99.9"]))
     lines = [
         f"/mutate at {rate:,.0f} requests a second, open loop, side by side ({rounds} rounds of {seconds} s; "
@@ -483,7 +553,8 @@ def beside(
     for checkout, results in runs.items():
         idle, during_p99, during_p999 = (statistics.median(r[i] for r in results) for i in range(3))
         each = ", ".join(f"{r[1] / r[0]:.2f}" for r in results)
-        name = "this checkout" if checkout == ROOT else str(checkout)
+        names = {ROOT: "this checkout", None: "this checkout, the relist in another process"}
+        name = names.get(checkout, str(checkout))
         lines.append(
             f"| {name} | {idle:.2f} ms | {during_p99:.2f} ms | {during_p99 / idle:.2f}x | {each} "
             f"| {during_p999:.2f} ms |"
@@ -535,7 +606,14 @@ def main() -> None:
     parser.add_argument(
         "--beside", type=Path, action="append", default=[], help="another checkout, its relist measured beside"
     )
+    parser.add_argument(
+        "--elsewhere", action="store_true", help="beside: also this checkout idle, the same relists in another process"
+    )
+    parser.add_argument("--relist-loop", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.relist_loop:
+        relist_loop(args.relist_loop)
+        return
 
     from certs.authority import generate_files
 
@@ -557,8 +635,9 @@ def main() -> None:
             print("\n".join(label_keys(cluster, args.nodes, args.images)) + "\n")
         if "latency" not in args.skip:
             print("\n".join(latency(cluster, tls, work, args.repeat, args.seconds, args.events, args.rate)) + "\n")
-        if args.beside:
-            print("\n".join(beside(cluster, tls, work, args.beside, args.repeat, args.seconds, args.rate)))
+        if args.beside or args.elsewhere:
+            lines = beside(cluster, tls, work, args.beside, args.repeat, args.seconds, args.rate, args.elsewhere)
+            print("\n".join(lines))
     finally:
         cluster.close()
 
