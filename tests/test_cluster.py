@@ -21,9 +21,10 @@ from urllib3.exceptions import MaxRetryError, NewConnectionError, ProtocolError,
 
 from harness.environment import eventually
 from harness.fake_apiserver import TOKEN, FakeAPIServer, namespace, node, write_kubeconfig
+from webhook.cluster import informer as informer_module
 from webhook.cluster.access import ClusterView, api_client, client_without_retries, load_configuration
 from webhook.cluster.errors import ClusterAccessError, EnsureError, described, failure
-from webhook.cluster.informer import RELIST_SHARE, Informer, list_pages, relist_rest
+from webhook.cluster.informer import RELIST_SHARE, YIELD_EVERY, Informer, list_pages, relist_rest
 from webhook.cluster.nodes import project_node
 from webhook.config import ClusterSettings
 from webhook.mutation.runtime import CRI_SOCKET_ANNOTATION
@@ -288,6 +289,43 @@ def test_a_stopped_informer_ends_its_relist_at_the_next_rest() -> None:
     informer.list_once()  # a relist while serving: it stops after its first page
     assert len(calls) == 4
     assert informer.items is held  # nothing half-listed is published
+
+
+def test_a_relist_while_serving_yields_the_interpreter_around_each_decoding(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Decoding a page is one call that holds the interpreter: a relist while serving yields it just before
+    and just after, and every YIELD_EVERY objects it projects, so a request on the event loop waits for one
+    piece of a page, not for the page. The first list, which no request waits for, yields only while
+    projecting."""
+    events: list[str] = []
+    monkeypatch.setattr(informer_module.time, "sleep", lambda seconds: events.append(f"yield {seconds}"))
+    pages = _paged(12, 6)
+
+    def list_call(**kwargs: Any) -> _Answer:
+        events.append("read")
+        return pages(**kwargs)
+
+    def decode(data: bytes) -> Any:
+        events.append("decode")
+        return orjson.loads(data)
+
+    list(list_pages(list_call, 6, decode=decode, yielding=True))
+    assert events == ["read", "yield 0", "decode", "yield 0"] * 2
+    events.clear()
+    list(list_pages(list_call, 6, decode=decode))
+    assert events == ["read", "decode"] * 2
+
+    def project(obj: Any) -> str:
+        events.append("project")
+        return str(obj["metadata"]["name"])
+
+    informer: Informer[str] = Informer("namespace", list_call, project, page_size=6)
+    events.clear()
+    informer.list_once()  # the first list (each next page read ahead, in a thread of its own)
+    assert sorted(events) == ["project"] * 12 + ["read"] * 2 + ["yield 0"] * 2  # the projecting's only
+    events.clear()
+    informer.list_once()  # a relist while serving
+    every = ["project"] * YIELD_EVERY + ["yield 0"]
+    assert events == ["read", "yield 0", "yield 0", *every, *["project"] * (6 - YIELD_EVERY)] * 2
 
 
 def test_the_collector_rests_during_the_first_list_only() -> None:

@@ -45,7 +45,7 @@ Project = Callable[[objects.JSONObject], T]
 ListCall = Callable[..., Any]  # CoreV1Api.list_node / list_namespace
 
 PAGE_SIZE = 500
-YIELD_EVERY = 10  # objects projected between two yields of the interpreter to the event loop
+YIELD_EVERY = 5  # objects projected between two yields of the interpreter to the event loop
 RELIST_PAGE_SIZE = 50
 # A relist while serving takes at most this share of the interpreter, by its thread's CPU time (the requests'
 # p99 moves once it takes more than about 1%: docs/performance.md), ...
@@ -67,10 +67,13 @@ def list_pages(
     *,
     decode: Callable[[bytes], Any] = orjson.loads,
     ahead: bool = False,
+    yielding: bool = False,
 ) -> Generator[objects.ListPage, None, None]:
     """Every page of a paged list (`limit`, `continue`), each parsed from raw JSON. `ahead`: each next page
     is requested as soon as the one before it has arrived, so the API server makes it while the caller
-    reads this one."""
+    reads this one. `yielding`: the interpreter is yielded before and after each page's decoding, one call
+    that holds it, so the event loop runs between reading, decoding and projecting rather than waiting
+    through all three."""
 
     def fetch(token: str | None) -> objects.ListPage:
         kwargs: dict[str, Any] = {"limit": page_size, "_preload_content": False, "_request_timeout": (10, 60)}
@@ -80,9 +83,14 @@ def list_pages(
             kwargs["_continue"] = token
         response = list_call(**kwargs)
         try:
-            page: objects.ListPage = decode(response.data)
+            data = response.data
         finally:
             response.release_conn()
+        if yielding:
+            time.sleep(0)
+        page: objects.ListPage = decode(data)
+        if yielding:
+            time.sleep(0)
         return page
 
     page = fetch(None)
@@ -311,7 +319,9 @@ class Informer(Generic[T]):
         # The first list asks for each next page while projecting this one: the API server's time making a page
         # (a Table of 500 nodes) overlaps ours reading the last. A relist while serving does not: its rests
         # between pages are for the requests.
-        pages = list_pages(self._list_call, page_size, self._headers, decode=self._decode_page, ahead=not synced)
+        pages = list_pages(
+            self._list_call, page_size, self._headers, decode=self._decode_page, ahead=not synced, yielding=synced
+        )
         with contextlib.closing(pages), _COLLECTOR.paused() if not synced else contextlib.nullcontext():
             for page in pages:
                 kept += self._take_page(page, held, items, changed=changed)
