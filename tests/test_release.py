@@ -61,11 +61,25 @@ def _steps(job: str, uses: str) -> list[dict[str, Any]]:
     return [s for s in _workflow()["jobs"][job]["steps"] if s.get("uses", "").partition("@")[0] == uses]
 
 
+# An action pinned to a commit, its release in a comment: `uses: owner/repo@<40 hex> # v1.2.3`.
+PIN = re.compile(r"(uses: [\w.-]+/[\w./-]+)@[0-9a-f]{40} # (v\d+)\.\d+\.\d+$", re.M)
+
+
+def _unpinned(text: str) -> list[str]:
+    """The `uses:` lines of a workflow that are not pinned to a commit with its release in a comment."""
+    return [line.strip().removeprefix("- ") for line in text.splitlines() if "uses:" in line and not PIN.search(line)]
+
+
 def _actionlint(path: Path) -> list[dict[str, Any]]:
+    """actionlint's findings in a copy of the workflow at `path` with each pin read as its major release:
+    actionlint knows the inputs of popular actions by their release tags, not by commit, so a pinned step's
+    inputs are checked only so."""
     assert SHELLCHECK.is_file(), f"{SHELLCHECK} is missing: the dev dependencies install it (make test)"
+    by_release = path.with_name(f"by-release-{path.name}")
+    by_release.write_text(PIN.sub(r"\1@\2", path.read_text()))
     lint = [str(binary("actionlint")), "-no-color", f"-shellcheck={SHELLCHECK}", "-pyflakes=", "-format", "{{json .}}"]
     done = subprocess.run(
-        [*lint, str(path)],
+        [*lint, str(by_release)],
         capture_output=True,
         text=True,
         check=False,
@@ -76,9 +90,30 @@ def _actionlint(path: Path) -> list[dict[str, Any]]:
     return findings
 
 
-def test_actionlint_finds_nothing_in_the_release_workflow() -> None:
-    findings = _actionlint(WORKFLOW)
+def test_actionlint_finds_nothing_in_the_release_workflow(tmp_path: Path) -> None:
+    copy = tmp_path / "release.yml"
+    copy.write_text(WORKFLOW.read_text())
+    findings = _actionlint(copy)
     assert findings == [], "\n".join(f"{f['line']}:{f['column']}: {f['message']} [{f['kind']}]" for f in findings)
+
+
+def test_every_action_is_pinned_to_a_commit_with_its_release_named() -> None:
+    """A tag can be moved to other code after review; a commit cannot. Each action the release runs (with
+    the packages' write permission) is pinned to a full commit, the release it is written beside, and the
+    same action to the same commit in every job. A tag or a short hash is named as unpinned."""
+    text = WORKFLOW.read_text()
+    assert _unpinned(text) == []
+    pins: dict[str, set[str]] = {}
+    for line in text.splitlines():
+        if PIN.search(line):
+            action, _, ref = line.split("uses:")[1].strip().partition("@")
+            pins.setdefault(action, set()).add(ref)
+    assert len(pins) == 7, pins
+    assert all(len(refs) == 1 for refs in pins.values()), pins
+    pinned = "uses: actions/checkout@d23441a48e516b6c34aea4fa41551a30e30af803 # v6.1.0"
+    assert pinned in text
+    for loose in ("uses: actions/checkout@v6", "uses: actions/checkout@d23441a # v6.1.0"):
+        assert _unpinned(text.replace(pinned, loose, 1)) == [loose]
 
 
 @pytest.mark.parametrize(
@@ -87,7 +122,12 @@ def test_actionlint_finds_nothing_in_the_release_workflow() -> None:
         ("needs: [versions, images]", "needs: [versions, imagez]", "job-needs", '"imagez"'),
         ("outputs.owner }}/image-puller", "outputs.ownr }}/image-puller", "expression", '"ownr"'),
         ("provenance: mode=max", "provenence: mode=max", "action", '"provenence"'),
-        ("uses: actions/checkout@v6", "uses: actions/checkout@v2", "action", '"actions/checkout@v2"'),
+        (
+            "uses: actions/checkout@d23441a48e516b6c34aea4fa41551a30e30af803 # v6.1.0",
+            "uses: actions/checkout@v2",
+            "action",
+            '"actions/checkout@v2"',
+        ),
         ("packages: write", "packages: admin", "permissions", '"admin"'),
         ('tags: ["v*"]', 'tag: ["v*"]', "syntax-check", '"tag"'),
         ('--tag "$GITHUB_REF_NAME"', "--tag $GITHUB_REF_NAME", "shellcheck", "SC2086:"),
