@@ -511,6 +511,29 @@ def relisting_elsewhere(elsewhere: Elsewhere) -> Iterator[None]:
         thread.join()
 
 
+def _beside_round(
+    cluster: Cluster, tls: Path, work: Path, checkout: Path | None, seconds: int, rate: float
+) -> tuple[float, float, float]:
+    """One round of `beside` for `checkout`'s server (None: this checkout's, the relists elsewhere): the idle
+    p99 (the median of before and after), and the p99 and p99.9 during relists."""
+    server = Server(cluster, tls, work, checkout or ROOT)
+    other = Elsewhere(cluster, work) if checkout is None else None
+    try:
+        server.synced()
+        time.sleep(2)
+        paced(server.port, tls, rate, 2)  # warm up
+        before = paced(server.port, tls, rate, seconds)["p99"]
+        with relisting(cluster, server) if other is None else relisting_elsewhere(other):
+            time.sleep(1)
+            during = paced(server.port, tls, rate, seconds)
+        after = paced(server.port, tls, rate, seconds)["p99"]
+    finally:
+        server.close()
+        if other is not None:
+            other.close()
+    return statistics.median((before, after)), during["p99"], during["p99.9"]
+
+
 def beside(
     cluster: Cluster,
     tls: Path,
@@ -528,22 +551,7 @@ def beside(
     runs: dict[Path | None, list[tuple[float, float, float]]] = {checkout: [] for checkout in servers}
     for turn in range(rounds):
         for checkout in servers if turn % 2 == 0 else servers[::-1]:
-            server = Server(cluster, tls, work, checkout or ROOT)
-            other = Elsewhere(cluster, work) if checkout is None else None
-            try:
-                server.synced()
-                time.sleep(2)
-                paced(server.port, tls, rate, 2)  # warm up
-                before = paced(server.port, tls, rate, seconds)["p99"]
-                with relisting(cluster, server) if other is None else relisting_elsewhere(other):
-                    time.sleep(1)
-                    during = paced(server.port, tls, rate, seconds)
-                after = paced(server.port, tls, rate, seconds)["p99"]
-            finally:
-                server.close()
-                if other is not None:
-                    other.close()
-            runs[checkout].append((statistics.median((before, after)), during["p99"], during["p99.9"]))
+            runs[checkout].append(_beside_round(cluster, tls, work, checkout, seconds, rate))
     lines = [
         f"/mutate at {rate:,.0f} requests a second, open loop, side by side ({rounds} rounds of {seconds} s; "
         "idle: the median of the measures before and after the relists):\n",

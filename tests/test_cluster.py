@@ -21,7 +21,6 @@ from urllib3.exceptions import MaxRetryError, NewConnectionError, ProtocolError,
 
 from harness.environment import eventually
 from harness.fake_apiserver import TOKEN, FakeAPIServer, namespace, node, write_kubeconfig
-from webhook.cluster import informer as informer_module
 from webhook.cluster.access import ClusterView, api_client, client_without_retries, load_configuration
 from webhook.cluster.errors import ClusterAccessError, EnsureError, described, failure
 from webhook.cluster.informer import RELIST_SHARE, YIELD_EVERY, Informer, list_pages, relist_rest
@@ -297,7 +296,7 @@ def test_a_relist_while_serving_yields_the_interpreter_around_each_decoding(monk
     piece of a page, not for the page. The first list, which no request waits for, yields only while
     projecting."""
     events: list[str] = []
-    monkeypatch.setattr(informer_module.time, "sleep", lambda seconds: events.append(f"yield {seconds}"))
+    monkeypatch.setattr(time, "sleep", lambda seconds: events.append(f"yield {seconds}"))
     pages = _paged(12, 6)
 
     def list_call(**kwargs: Any) -> _Answer:
