@@ -17,6 +17,7 @@ ORDER = (
     "tests/test_config.py",
     "tests/test_pull.py",
     "tests/test_review_decoding.py",
+    "tests/test_agent_mode.py",
     "tests/test_projection.py",
     "tests/test_golden.py",
 )
