@@ -18,6 +18,7 @@ ORDER = (
     "tests/test_pull.py",
     "tests/test_review_decoding.py",
     "tests/test_agent_mode.py",
+    "tests/test_vocabulary.py",
     "tests/test_projection.py",
     "tests/test_golden.py",
 )
