@@ -15,7 +15,7 @@ from tests.helpers import apply
 from webhook.config import build_settings
 from webhook.mutation.facts import Facts, NodeFacts, RequestFacts, cluster_facts
 from webhook.mutation.plan import PULLER, Plan, plan
-from webhook.mutation.puller import AGENT_CA_ENV, PULLER_NAME, TOKEN_VOLUME
+from webhook.mutation.puller import AGENT_CA_ENV, PULLER_NAME, SECRETS_VOLUME, TOKEN_VOLUME
 
 FLYTE_115 = Path(__file__).parent / "golden" / "pods" / "flyte-1.15.yaml"
 
@@ -114,3 +114,109 @@ def test_the_webhook_leaves_its_own_output_alone(tmp_path: Path) -> None:
     again = _plan(copy.deepcopy(once), settings)
     assert again.changes == [], "the API server may reinvoke the webhook on its own output"
     assert again.outcomes[PULLER].reason == "already-injected"
+
+
+def _reasons(out: Plan) -> list[tuple[str, str]]:
+    """Each operation's path and reason, as /preview lists them."""
+    return [(c.op["path"], c.reason) for c in out.changes]
+
+
+def test_the_client_container_is_exactly_the_restricted_agent_client(tmp_path: Path) -> None:
+    settings = _settings(tmp_path)
+    client = _client(apply(_pod(), [dict(c.op) for c in _plan(_pod(), settings).changes]))
+    assert client == {
+        "name": PULLER_NAME,
+        "image": "ghcr.io/copilot-webhook/image-puller:0.1.0",
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["copilot-webhook-pull"],
+        "args": [
+            "--agent=https://cw-agent.cw.svc:443",
+            f"--agent-ca-env={AGENT_CA_ENV}",
+            "--token=/var/run/copilot-webhook/agent-token/token",
+            "--connect-timeout=10",
+            "--pull-secrets=/var/run/copilot-webhook/pull-secrets",
+            "--timeout=300",
+            "--failure-policy=Ignore",
+            "--",
+            "cr.flyte.org/flyteorg/flytecopilot:v1.15.0",
+            "ghcr.io/flyteorg/rawcontainers-shell:v2",
+        ],
+        "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"cpu": "500m", "memory": "128Mi"}},
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "privileged": False,
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "runAsUser": 65532,
+            "runAsGroup": 65532,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "env": [{"name": AGENT_CA_ENV, "value": (tmp_path / "ca.crt").read_text()}],
+        "volumeMounts": [
+            {"name": TOKEN_VOLUME, "mountPath": "/var/run/copilot-webhook/agent-token", "readOnly": True},
+            {"name": SECRETS_VOLUME, "mountPath": "/var/run/copilot-webhook/pull-secrets", "readOnly": True},
+        ],
+    }
+
+
+def test_the_client_mounts_its_token_and_pull_secrets_read_only_where_its_args_say(tmp_path: Path) -> None:
+    # Every mount names a volume of the pod, and each path the client reads lies under one of its mounts.
+    mutated = apply(_pod(), [dict(c.op) for c in _plan(_pod(), _settings(tmp_path)).changes])
+    client = _client(mutated)
+    volumes = {v["name"] for v in mutated["spec"]["volumes"]}
+    mounts = {m["name"]: m for m in client["volumeMounts"]}
+    assert set(mounts) == {TOKEN_VOLUME, SECRETS_VOLUME} <= volumes
+    assert all(m["readOnly"] is True for m in mounts.values()), mounts
+    args = dict(a.split("=", 1) for a in client["args"] if a.startswith(("--token=", "--pull-secrets=")))
+    assert args["--token"] == mounts[TOKEN_VOLUME]["mountPath"] + "/token"
+    assert args["--pull-secrets"] == mounts[SECRETS_VOLUME]["mountPath"]
+
+
+def test_a_pod_without_pull_secrets_mounts_the_token_alone(tmp_path: Path) -> None:
+    pod = _pod()
+    del pod["spec"]["imagePullSecrets"]
+    client = _client(apply(pod, [dict(c.op) for c in _plan(pod, _settings(tmp_path)).changes]))
+    assert client["volumeMounts"] == [
+        {"name": TOKEN_VOLUME, "mountPath": "/var/run/copilot-webhook/agent-token", "readOnly": True}
+    ]
+    assert not [a for a in client["args"] if a.startswith("--pull-secrets")], client["args"]
+
+
+def test_preview_gives_each_agent_mode_operation_its_reason(tmp_path: Path) -> None:
+    out = _plan(_pod(), _settings(tmp_path))
+    assert _reasons(out)[:-1] == [
+        ("/spec/initContainers/0", "ask the node agent to pull 2 image(s) before the other containers start"),
+        ("/spec/volumes/-", "a token of audience copilot-webhook-agent for the puller only"),
+        ("/spec/volumes/-", "the pod's image pull secrets, for the puller only"),
+    ]
+
+
+def test_a_pod_with_nothing_to_pre_pull_is_skipped_as_no_images(tmp_path: Path) -> None:
+    # The kubelet pulls an `Always` image whatever is present: pre-pulling it gains nothing.
+    pod = _pod()
+    for field in ("initContainers", "containers"):
+        for container in pod["spec"][field]:
+            container["imagePullPolicy"] = "Always"
+    out = _plan(pod, _settings(tmp_path))
+    assert out.changes == []
+    assert out.outcomes[PULLER].reason == "no-images"
+    assert out.audit[PULLER] == "skipped(no-images)"
+
+
+def test_without_a_ca_file_set_the_warning_says_none_is_set() -> None:
+    settings = build_settings({"ptrace": {"mode": "drop"}, "imagePuller": {"mode": "agent"}})
+    out = _plan(_pod(), settings)
+    assert out.changes == []
+    assert out.outcomes[PULLER].reason == "agent-untrusted"
+    assert out.warnings == ["no image puller: no CA bundle to verify the node agent (caFile: none set)"]
+
+
+def test_a_pod_volume_named_like_the_agent_token_is_a_clash_named_in_the_answer(tmp_path: Path) -> None:
+    pod = _pod()
+    pod["spec"]["volumes"].append({"name": TOKEN_VOLUME, "emptyDir": {}})
+    out = _plan(pod, _settings(tmp_path))
+    assert out.changes == []
+    assert out.outcomes[PULLER].reason == "undecided"
+    assert out.undecided == f"the name {TOKEN_VOLUME} is already used by the pod"
