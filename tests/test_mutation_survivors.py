@@ -551,3 +551,92 @@ def test_a_pod_free_to_land_anywhere_is_decided_by_every_node(spec: dict[str, An
     decided = _puller_plan(_pod(**spec), nodes)
     assert decided.runtime is not None
     assert (decided.runtime.flavour, decided.runtime.source) == ("containerd", source)
+
+
+@pytest.mark.parametrize(
+    ("labels", "served"),
+    [
+        ({"copilot-webhook.io/inject": "enabled"}, True),
+        ({}, False),
+        (None, True),  # a namespace the webhook does not know was chosen by the API server's namespaceSelector
+    ],
+)
+def test_opt_in_serves_only_namespaces_switched_on_and_counts_the_others_as_skipped(
+    labels: dict[str, str] | None, served: bool
+) -> None:
+    decided = _plan(_pod(), labels, inject="opt-in")
+    assert bool(decided.changes) is served
+    scraped = _scraped(decided)
+    for kind in KINDS:
+        skipped = f'copilot_webhook_skips_total{{kind="{kind}",reason="namespace-not-opted-in"}} 1.0'
+        assert (skipped in scraped) is not served
+
+
+INJECT_NOT_UNDERSTOOD = "copilot-webhook.io/inject='yes' ignored: expected enabled, true, disabled or false"
+IGNORED_METRIC = "copilot_webhook_ignored_values_total"
+
+
+def test_a_namespace_label_not_understood_is_warned_of_and_counted_while_the_pod_is_mutated() -> None:
+    decided = _plan(_pod(), {"copilot-webhook.io/inject": "yes"})
+    assert decided.outcomes[PTRACE].mutated
+    assert decided.warnings[0] == f"namespace label {INJECT_NOT_UNDERSTOOD}"
+    assert f'{IGNORED_METRIC}{{key="inject",source="namespace"}} 1.0' in _scraped(decided)
+
+
+PULLER_NOT_UNDERSTOOD = "copilot-webhook.io/image-puller='yes' ignored: expected enabled, true, disabled or false"
+
+
+@pytest.mark.parametrize(
+    ("annotations", "labels", "warning", "counted"),
+    [
+        # the pod's own switch off, and a namespace label not understood
+        (
+            {"copilot-webhook.io/inject": "false"},
+            {"copilot-webhook.io/inject": "yes"},
+            f"namespace label {INJECT_NOT_UNDERSTOOD}",
+            '{key="inject",source="namespace"}',
+        ),
+        # the namespace's switch off, and a pod annotation not understood
+        (
+            {"copilot-webhook.io/image-puller": "yes"},
+            {"copilot-webhook.io/inject": "disabled"},
+            PULLER_NOT_UNDERSTOOD,
+            '{key="image-puller",source="pod"}',
+        ),
+    ],
+)
+def test_an_opted_out_pod_is_still_warned_of_values_not_understood(
+    annotations: dict[str, str], labels: dict[str, str], warning: str, counted: str
+) -> None:
+    decided = _plan(_pod(annotations=annotations), labels)
+    assert (decided.changes, decided.warnings) == ([], [warning])
+    assert f"{IGNORED_METRIC}{counted} 1.0" in _scraped(decided)
+
+
+def test_only_the_image_puller_webhook_warns_of_an_image_puller_annotation_not_understood() -> None:
+    pod = _pod(annotations={"copilot-webhook.io/image-puller": "yes"})
+    facts = Facts(RequestFacts("ns", runtime="containerd"))
+    assert plan(pod, facts, build_settings({}), kinds=(PULLER,)).warnings == [PULLER_NOT_UNDERSTOOD]
+    assert plan(pod, facts, build_settings({}), kinds=(PTRACE,)).warnings == []
+    both = plan(pod, facts, build_settings({}))
+    assert both.warnings == [PULLER_NOT_UNDERSTOOD]
+    assert f'{IGNORED_METRIC}{{key="image-puller",source="pod"}} 1.0' in _scraped(both)
+
+
+@pytest.mark.parametrize(
+    "mount",
+    [{"mountPath": "/var/flyte/outputs"}, {"name": 5, "mountPath": "/var/flyte/outputs"}, {"name": "flyte-outputs"}],
+)
+def test_a_mount_without_a_string_name_and_path_mounts_nothing_and_the_primary_is_still_found(
+    mount: dict[str, Any],
+) -> None:
+    """The API server refuses such a mount after admission; until then the copilot's data volume and the
+    primary container are read from the mounts that have both."""
+    uploader = {**UPLOADER, "volumeMounts": [mount, OUTPUTS]}
+    other = {"name": "other", "image": "busybox:1.36", "volumeMounts": [mount]}
+    decided = _ptrace(_pod(PRIMARY, other, uploader), ptrace={"target": "primary"})
+    assert decided.undecided is None
+    assert _reasons(decided)[0] == (
+        "/spec/containers/0/securityContext",
+        "main: the primary container gets SYS_PTRACE (ptrace.target primary)",
+    )
