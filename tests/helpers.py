@@ -6,12 +6,15 @@ from __future__ import annotations
 import base64
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jsonpatch
 import kubernetes_validate
 import orjson
 import yaml
+
+if TYPE_CHECKING:
+    from webhook.mutation.plan import Plan
 
 HERE = Path(__file__).parent
 GOLDEN = HERE / "golden"
@@ -58,6 +61,11 @@ def apply(obj: dict[str, Any], ops: Sequence[Mapping[str, Any]]) -> dict[str, An
     result = jsonpatch.JsonPatch(ops).apply(obj, in_place=False)
     assert isinstance(result, dict)
     return result
+
+
+def reasons(decided: Plan) -> list[tuple[str, str]]:
+    """Each operation's path and reason, as /preview lists them."""
+    return [(c.op["path"], c.reason) for c in decided.changes]
 
 
 def validate(obj: dict[str, Any]) -> None:

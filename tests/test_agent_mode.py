@@ -11,13 +11,24 @@ from typing import Any
 import yaml
 
 from certs.authority import generate_ca
-from tests.helpers import apply
+from tests.helpers import apply, reasons
 from webhook.config import build_settings
 from webhook.mutation.facts import Facts, NodeFacts, RequestFacts, cluster_facts
 from webhook.mutation.plan import PULLER, Plan, plan
 from webhook.mutation.puller import AGENT_CA_ENV, PULLER_NAME, SECRETS_VOLUME, TOKEN_VOLUME
 
 FLYTE_115 = Path(__file__).parent / "golden" / "pods" / "flyte-1.15.yaml"
+# Pod Security `restricted`, as the chart's default runAsUser gives it to the client
+RESTRICTED = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "privileged": False,
+    "readOnlyRootFilesystem": True,
+    "runAsNonRoot": True,
+    "runAsUser": 65532,
+    "runAsGroup": 65532,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
 
 
 def _pod() -> dict[str, Any]:
@@ -40,6 +51,11 @@ def _plan(pod: dict[str, Any], settings: Any, labels: dict[str, str] | None = No
     return plan(pod, Facts(RequestFacts("ns"), cluster), settings, kinds=(PULLER,))
 
 
+def _mutated(pod: dict[str, Any], settings: Any) -> dict[str, Any]:
+    """The pod with the puller's plan applied, as the API server would store it."""
+    return apply(pod, [dict(c.op) for c in _plan(pod, settings).changes])
+
+
 def _client(mutated: dict[str, Any]) -> dict[str, Any]:
     container: dict[str, Any] = mutated["spec"]["initContainers"][0]
     assert container["name"] == PULLER_NAME
@@ -51,16 +67,7 @@ def test_the_client_is_restricted_and_holds_no_socket(tmp_path: Path) -> None:
     out = _plan(_pod(), settings, {"pod-security.kubernetes.io/enforce": "restricted"})
     mutated = apply(_pod(), [dict(c.op) for c in out.changes])
     client = _client(mutated)
-    assert client["securityContext"] == {
-        "allowPrivilegeEscalation": False,
-        "capabilities": {"drop": ["ALL"]},
-        "privileged": False,
-        "readOnlyRootFilesystem": True,
-        "runAsNonRoot": True,
-        "runAsUser": 65532,
-        "runAsGroup": 65532,
-        "seccompProfile": {"type": "RuntimeDefault"},
-    }
+    assert client["securityContext"] == RESTRICTED
     volumes = {v["name"]: v for v in mutated["spec"]["volumes"]}
     assert not [v for v in volumes.values() if "hostPath" in v], "no hostPath anywhere in the pod"
     assert volumes[TOKEN_VOLUME]["projected"]["sources"] == [
@@ -100,30 +107,25 @@ def test_without_a_ca_bundle_there_is_no_puller_and_the_pod_is_told_why(tmp_path
 
 def test_a_rotated_ca_bundle_reaches_the_next_pod(tmp_path: Path) -> None:
     settings = _settings(tmp_path)
-    first = _client(apply(_pod(), [dict(c.op) for c in _plan(_pod(), settings).changes]))
+    first = _client(_mutated(_pod(), settings))
     rotated = generate_ca("the next agent CA").cert_pem
     (tmp_path / "ca.crt").write_bytes(rotated)
-    second = _client(apply(_pod(), [dict(c.op) for c in _plan(_pod(), settings).changes]))
+    second = _client(_mutated(_pod(), settings))
     assert first["env"] != second["env"]
     assert second["env"][0]["value"] == rotated.decode()
 
 
 def test_the_webhook_leaves_its_own_output_alone(tmp_path: Path) -> None:
     settings = _settings(tmp_path)
-    once = apply(_pod(), [dict(c.op) for c in _plan(_pod(), settings).changes])
+    once = _mutated(_pod(), settings)
     again = _plan(copy.deepcopy(once), settings)
     assert again.changes == [], "the API server may reinvoke the webhook on its own output"
     assert again.outcomes[PULLER].reason == "already-injected"
 
 
-def _reasons(out: Plan) -> list[tuple[str, str]]:
-    """Each operation's path and reason, as /preview lists them."""
-    return [(c.op["path"], c.reason) for c in out.changes]
-
-
 def test_the_client_container_is_exactly_the_restricted_agent_client(tmp_path: Path) -> None:
     settings = _settings(tmp_path)
-    client = _client(apply(_pod(), [dict(c.op) for c in _plan(_pod(), settings).changes]))
+    client = _client(_mutated(_pod(), settings))
     assert client == {
         "name": PULLER_NAME,
         "image": "ghcr.io/copilot-webhook/image-puller:0.1.0",
@@ -142,16 +144,7 @@ def test_the_client_container_is_exactly_the_restricted_agent_client(tmp_path: P
             "ghcr.io/flyteorg/rawcontainers-shell:v2",
         ],
         "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"cpu": "500m", "memory": "128Mi"}},
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "capabilities": {"drop": ["ALL"]},
-            "privileged": False,
-            "readOnlyRootFilesystem": True,
-            "runAsNonRoot": True,
-            "runAsUser": 65532,
-            "runAsGroup": 65532,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": RESTRICTED,
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "env": [{"name": AGENT_CA_ENV, "value": (tmp_path / "ca.crt").read_text()}],
         "volumeMounts": [
@@ -163,7 +156,7 @@ def test_the_client_container_is_exactly_the_restricted_agent_client(tmp_path: P
 
 def test_the_client_mounts_its_token_and_pull_secrets_read_only_where_its_args_say(tmp_path: Path) -> None:
     # Every mount names a volume of the pod, and each path the client reads lies under one of its mounts.
-    mutated = apply(_pod(), [dict(c.op) for c in _plan(_pod(), _settings(tmp_path)).changes])
+    mutated = _mutated(_pod(), _settings(tmp_path))
     client = _client(mutated)
     volumes = {v["name"] for v in mutated["spec"]["volumes"]}
     mounts = {m["name"]: m for m in client["volumeMounts"]}
@@ -177,7 +170,7 @@ def test_the_client_mounts_its_token_and_pull_secrets_read_only_where_its_args_s
 def test_a_pod_without_pull_secrets_mounts_the_token_alone(tmp_path: Path) -> None:
     pod = _pod()
     del pod["spec"]["imagePullSecrets"]
-    client = _client(apply(pod, [dict(c.op) for c in _plan(pod, _settings(tmp_path)).changes]))
+    client = _client(_mutated(pod, _settings(tmp_path)))
     assert client["volumeMounts"] == [
         {"name": TOKEN_VOLUME, "mountPath": "/var/run/copilot-webhook/agent-token", "readOnly": True}
     ]
@@ -186,7 +179,7 @@ def test_a_pod_without_pull_secrets_mounts_the_token_alone(tmp_path: Path) -> No
 
 def test_preview_gives_each_agent_mode_operation_its_reason(tmp_path: Path) -> None:
     out = _plan(_pod(), _settings(tmp_path))
-    assert _reasons(out)[:-1] == [
+    assert reasons(out)[:-1] == [
         ("/spec/initContainers/0", "ask the node agent to pull 2 image(s) before the other containers start"),
         ("/spec/volumes/-", "a token of audience copilot-webhook-agent for the puller only"),
         ("/spec/volumes/-", "the pod's image pull secrets, for the puller only"),

@@ -9,6 +9,7 @@ from typing import Any
 import jsonpatch
 import pytest
 
+from tests.helpers import reasons
 from webhook.cluster.nodes import project_node
 from webhook.config import build_settings
 from webhook.mutation.errors import PodShapeError
@@ -127,11 +128,6 @@ def test_a_pinned_pod_is_told_why_each_requirement_was_added() -> None:
     ]
 
 
-def _reasons(decided: Plan) -> list[tuple[str, str]]:
-    """Each operation's path and reason, as /preview lists them."""
-    return [(c.op["path"], c.reason) for c in decided.changes]
-
-
 PTRACE_ADDED = {"securityContext": {"capabilities": {"add": ["SYS_PTRACE"]}}}
 
 
@@ -185,7 +181,7 @@ def test_each_ptrace_operation_is_listed_with_why(
     ptrace: dict[str, str], primary: dict[str, Any], expected: list[tuple[str, str]]
 ) -> None:
     decided = _ptrace(_pod(primary, UPLOADER), ptrace=ptrace)
-    assert _reasons(decided)[:-1] == expected  # the last records what the webhook did
+    assert reasons(decided)[:-1] == expected  # the last records what the webhook did
 
 
 @pytest.mark.parametrize(
@@ -219,7 +215,7 @@ def test_a_downloader_without_arguments_does_not_hide_the_uploaders_data_volume(
     assert (
         "/spec/containers/0/securityContext",
         "main: the primary container gets SYS_PTRACE (ptrace.target primary)",
-    ) in (_reasons(decided))
+    ) in (reasons(decided))
 
 
 def test_an_uploader_run_as_a_plain_init_container_is_no_native_sidecar() -> None:
@@ -259,16 +255,16 @@ def test_the_mutated_annotation_keeps_what_others_wrote_there_after_ours() -> No
     """Parts another writer put in `copilot-webhook.io/mutated` stay, after ours; text that is no part is dropped."""
     pod = _pod(annotations={"copilot-webhook.io/mutated": "zz=1;junk"})
     decided = _ptrace(pod)
-    assert _reasons(decided)[-1] == ("/metadata/annotations/copilot-webhook.io~1mutated", "record what the webhook did")
+    assert reasons(decided)[-1] == ("/metadata/annotations/copilot-webhook.io~1mutated", "record what the webhook did")
     assert decided.changes[-1].op["value"] == "ptrace=add:primary;zz=1"
 
 
 def test_a_pod_without_metadata_or_annotations_gains_them_with_the_mutated_annotation() -> None:
     pod = _pod()
-    assert _reasons(_ptrace(pod))[-1] == ("/metadata/annotations", "record what the webhook did")
+    assert reasons(_ptrace(pod))[-1] == ("/metadata/annotations", "record what the webhook did")
     del pod["metadata"]
     decided = _ptrace(pod)
-    assert _reasons(decided)[-1] == ("/metadata", "record what the webhook did")
+    assert reasons(decided)[-1] == ("/metadata", "record what the webhook did")
     assert decided.changes[-1].op["value"] == {"annotations": {"copilot-webhook.io/mutated": "ptrace=add:primary"}}
 
 
@@ -298,7 +294,7 @@ def test_a_preview_asking_what_if_a_pod_security_level_is_in_force_gets_that_lev
     assert decided.outcomes[PTRACE].mutated is not bool(expected)
 
 
-def test_a_pod_undecided_for_both_kinds_is_told_both_reasons() -> None:
+def test_a_pod_undecided_for_both_kinds_is_told_bothreasons() -> None:
     socket = {"name": "copilot-webhook-runtime-socket", "emptyDir": {}}
     pod = _pod({**PRIMARY, "volumeMounts": []}, UPLOADER, volumes=[socket])
     decided = plan(pod, Facts(RequestFacts("ns", runtime="containerd")), build_settings({}))
@@ -469,14 +465,14 @@ def test_registries_pulled_without_verification_or_out_of_reach_are_warned_of(ru
 def test_each_puller_operation_is_listed_with_why() -> None:
     pod = _pod(imagePullSecrets=[{"name": "regcred"}], volumes=[{"name": "scratch", "emptyDir": {}}])
     decided = plan(pod, Facts(RequestFacts("ns", runtime="containerd")), build_settings({}), kinds=(PULLER,))
-    assert _reasons(decided)[:-1] == [
+    assert reasons(decided)[:-1] == [
         ("/spec/initContainers", "pull 2 image(s) through the containerd socket before the other containers start"),
         ("/spec/volumes/-", "the containerd socket /run/containerd/containerd.sock, mounted in the puller only"),
         ("/spec/volumes/-", "the pod's image pull secrets, for the puller only"),
     ]
     del pod["spec"]["volumes"]
     decided = plan(pod, Facts(RequestFacts("ns", runtime="containerd")), build_settings({}), kinds=(PULLER,))
-    assert _reasons(decided)[1] == (
+    assert reasons(decided)[1] == (
         "/spec/volumes",
         "the containerd socket /run/containerd/containerd.sock, mounted in the puller only",
     )
@@ -636,7 +632,7 @@ def test_a_mount_without_a_string_name_and_path_mounts_nothing_and_the_primary_i
     other = {"name": "other", "image": "busybox:1.36", "volumeMounts": [mount]}
     decided = _ptrace(_pod(PRIMARY, other, uploader), ptrace={"target": "primary"})
     assert decided.undecided is None
-    assert _reasons(decided)[0] == (
+    assert reasons(decided)[0] == (
         "/spec/containers/0/securityContext",
         "main: the primary container gets SYS_PTRACE (ptrace.target primary)",
     )
