@@ -96,27 +96,32 @@ def go_toolchain() -> str | None:
 
 def build_go_floor(anchors: Path) -> Path | None:
     """The go-floor anchor built with the installed Go (any version from the go.mod's 1.19 on: the module
-    has no dependencies), cached beside the tests' Go tools and keyed by its sources and the Go version, so
-    a warm run builds nothing. None, with a message, where there is no Go."""
+    has no dependencies). None, with a message, where there is no Go."""
+    return build_go(anchors / "go-floor", "go-floor")
+
+
+def build_go(source: Path, name: str) -> Path | None:
+    """A standard-library Go program (`source` holds its go.mod and .go files) built with the installed Go,
+    cached beside the tests' Go tools and keyed by its sources and the Go version, so a warm run builds
+    nothing. None, with a message, where there is no Go."""
     go = go_toolchain()
     if go is None:
-        print("no Go toolchain (install Go, e.g. from go.dev/dl): go-floor is left out of this run", file=sys.stderr)
+        print(f"no Go toolchain (install Go, e.g. from go.dev/dl): {name} is left out of this run", file=sys.stderr)
         return None
-    source = anchors / "go-floor"
     version = subprocess.run([go, "env", "GOVERSION"], capture_output=True, text=True, check=True).stdout.strip()
     digest = hashlib.sha256(version.encode() + b"\0")
     for path in sorted(p for p in source.iterdir() if p.suffix in {".go", ".mod", ".sum"}):
         digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-    target = cache_root() / f"go-floor-{digest.hexdigest()[:16]}" / "go-floor"
+    target = cache_root() / f"{name}-{digest.hexdigest()[:16]}" / name
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
-        partial = target.with_name(f"go-floor.partial-{os.getpid()}")
+        partial = target.with_name(f"{name}.partial-{os.getpid()}")
         # GOTOOLCHAIN=local: the installed Go builds it, whatever the environment asks for.
         env = {**os.environ, "GOFLAGS": "-buildvcs=false", "GOTOOLCHAIN": "local", "CGO_ENABLED": "0"}
         started = time.monotonic()
         subprocess.run([go, "build", "-trimpath", "-o", str(partial), "."], cwd=source, check=True, env=env)
         partial.rename(target)
-        print(f"built go-floor with {version} in {time.monotonic() - started:.0f} s", file=sys.stderr)
+        print(f"built {name} with {version} in {time.monotonic() - started:.0f} s", file=sys.stderr)
     return target
 
 

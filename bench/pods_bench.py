@@ -69,7 +69,7 @@ import uvloop
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.load import build_go_floor  # noqa: E402 - the anchor's build
+from bench.load import build_go, build_go_floor  # noqa: E402 - the Go webhooks' builds
 from bench.paced import Pool, percentile  # noqa: E402 - the open-loop client's connections
 from certs.authority import ca_bundle, generate_ca, issue_serving, service_dns_names, write_atomic  # noqa: E402
 from harness import gotools  # noqa: E402
@@ -80,10 +80,10 @@ from harness.server_process import stop_process  # noqa: E402
 REVIEW = ROOT / "bench" / "data" / "flyte-1.15-review.json"
 RELEASE = "cw"
 TARGETS = ("none", "ours", "ours-ptrace", "go-floor")
+SAME_ANSWER = "go-same"  # the control: go-floor's code giving our /mutate/ptrace's answer (bench/go-same)
 TARGET_LABEL = "bench.copilot-webhook.io/webhook"  # selects a namespace for one of the bench's webhooks
 BENCH_MWC = "copilot-webhook-bench"
-GO_FLOOR = "go-floor"  # its Service's name and namespace
-GO_PORT = 8443  # the chart's server has 443 on every address of the namespace
+GO_PORTS = {"go-floor": 8443, SAME_ANSWER: 8444}  # the chart's server has 443 on every address of the namespace
 WARMUP_SECONDS = 0.5  # of each slice, at its rate, not measured
 SETTLE_SECONDS = 1.0  # between slices, after the last one's pods are deleted
 CREATE_TIMEOUT = 120.0  # seconds; a create still unanswered then counts as an error
@@ -332,29 +332,30 @@ async def drive(
 
 
 @contextlib.contextmanager
-def go_floor(kube: Kube, plane: ControlPlane, binary: Path, work: Path) -> Iterator[tuple[Obj, int]]:
-    """Go-floor behind a Service of its own, listening in the control plane's namespace on the Service port;
-    yields its clientConfig and pid."""
-    kube.create_namespace(GO_FLOOR)
+def go_webhook(kube: Kube, plane: ControlPlane, name: str, binary: Path, work: Path) -> Iterator[tuple[Obj, int]]:
+    """A Go webhook (go-floor or the control) behind a Service of its own, both named `name`, listening in the
+    control plane's namespace on the Service port; yields its clientConfig and pid."""
+    port = GO_PORTS[name]
+    kube.create_namespace(name)
     service = {
-        "metadata": {"name": GO_FLOOR},
-        "spec": {"ports": [{"name": "https", "port": GO_PORT, "targetPort": GO_PORT}], "selector": {"app": GO_FLOOR}},
+        "metadata": {"name": name},
+        "spec": {"ports": [{"name": "https", "port": port, "targetPort": port}], "selector": {"app": name}},
     }
-    kube.create(f"/api/v1/namespaces/{GO_FLOOR}/services", service)
-    ca = generate_ca("go-floor bench CA")
-    serving = issue_serving(ca, service_dns_names(GO_FLOOR, GO_FLOOR))
-    cert, key = work / "go-floor.crt", work / "go-floor.key"
+    kube.create(f"/api/v1/namespaces/{name}/services", service)
+    ca = generate_ca(f"{name} bench CA")
+    serving = issue_serving(ca, service_dns_names(name, name))
+    cert, key = work / f"{name}.crt", work / f"{name}.key"
     write_atomic(cert, serving.cert_pem, 0o600)
     write_atomic(key, serving.key_pem, 0o600)
-    log = work / "go-floor.log"
+    log = work / f"{name}.log"
     with log.open("wb") as out:
-        argv = [str(binary), "-addr", f"0.0.0.0:{GO_PORT}", "-cert", str(cert), "-key", str(key)]
+        argv = [str(binary), "-addr", f"0.0.0.0:{port}", "-cert", str(cert), "-key", str(key)]
         process = subprocess.Popen(plane.netns.command(argv), stdout=out, stderr=out)
     try:
-        listening = wait_for(lambda: _answers(f"https://{NS_ADDRESS}:{GO_PORT}/mutate"), timeout=30)
-        assert listening, f"go-floor did not start: {log.read_text()}"
+        listening = wait_for(lambda: _answers(f"https://{NS_ADDRESS}:{port}/mutate"), timeout=30)
+        assert listening, f"{name} did not start: {log.read_text()}"
         config = {
-            "service": {"name": GO_FLOOR, "namespace": GO_FLOOR, "path": "/mutate", "port": GO_PORT},
+            "service": {"name": name, "namespace": name, "path": "/mutate", "port": port},
             "caBundle": ca_bundle(ca),
         }
         yield config, process.pid
@@ -370,15 +371,15 @@ def _answers(url: str) -> bool:
     return True
 
 
-def register(kube: Kube, chart: Release, go_config: Obj) -> None:
-    """One webhook for our /mutate/ptrace and one for go-floor, each a copy of the chart's SYS_PTRACE
+def register(kube: Kube, chart: Release, go_configs: dict[str, Obj]) -> None:
+    """One webhook for our /mutate/ptrace and one for each Go webhook, each a copy of the chart's SYS_PTRACE
     webhook (as the server has promoted it) with its own clientConfig, selecting its own namespaces."""
     installed = kube.get(mwc_path(chart.fullname))["webhooks"]
     (ptrace,) = (w for w in installed if w["name"].startswith("ptrace."))
     ours_config = copy.deepcopy(ptrace["clientConfig"])
     ours_config["service"]["path"] = "/mutate/ptrace"
     webhooks = []
-    for target, config in (("ours-ptrace", ours_config), ("go-floor", go_config)):
+    for target, config in {"ours-ptrace": ours_config, **go_configs}.items():
         webhook = {k: v for k, v in ptrace.items() if k not in {"name", "clientConfig", "objectSelector"}}
         webhook.update(
             name=f"{target}.bench.copilot-webhook.io",
@@ -403,7 +404,7 @@ def _binaries() -> tuple[Path, Path]:
     return paths[0], paths[1]
 
 
-def _preflight(anchors: Path) -> Path:
+def _preflight(anchors: Path, same_answer: bool) -> dict[str, Path]:
     missing = [tool for tool in ("ip", "nsenter") if shutil.which(tool) is None]
     if os.geteuid() != 0:
         missing.append("root")
@@ -413,10 +414,12 @@ def _preflight(anchors: Path) -> Path:
     others = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout.split()
     if any(name.startswith("cwk") for name in others):
         sys.exit("another test control plane is running on this machine (ip netns list): try again when it ends")
-    binary = build_go_floor(anchors)
-    if binary is None:
+    binaries = {"go-floor": build_go_floor(anchors)}
+    if same_answer:
+        binaries[SAME_ANSWER] = build_go(ROOT / "bench" / SAME_ANSWER, SAME_ANSWER)
+    if None in binaries.values():
         sys.exit("go-floor needs Go")
-    return binary
+    return {name: path for name, path in binaries.items() if path is not None}
 
 
 def _cleanup(kube: Kube, namespace: str) -> None:
@@ -480,7 +483,11 @@ def _loadavg() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
-async def run(args: argparse.Namespace, go_binary: Path, work: Path) -> tuple[list[Phase], dict[str, str]]:
+def targets(args: argparse.Namespace) -> tuple[str, ...]:
+    return (*TARGETS, SAME_ANSWER) if args.same_answer else TARGETS
+
+
+async def run(args: argparse.Namespace, go: dict[str, Path], work: Path) -> tuple[list[Phase], dict[str, str]]:
     etcd, apiserver = _binaries()
     info: dict[str, str] = {"load before": _loadavg()}
     with control_plane(work / "kube", etcd, apiserver) as plane:
@@ -492,11 +499,12 @@ async def run(args: argparse.Namespace, go_binary: Path, work: Path) -> tuple[li
         try:
             assert wait_for(lambda: "" not in chart.bundles(), timeout=60), pods.output()
             info["chart webhooks"] = ", ".join(f"{n} ({p})" for n, p in chart.policies().items())
-            with go_floor(kube, plane, go_binary, work) as (go_config, go_pid):
-                register(kube, chart, go_config)
+            with contextlib.ExitStack() as webhooks:
+                started = {name: webhooks.enter_context(go_webhook(kube, plane, name, go[name], work)) for name in go}
+                register(kube, chart, {name: config for name, (config, _) in started.items()})
                 processes = {
                     "ours": pods.replica.process.pid if pods.replica else 0,
-                    "go-floor": go_pid,
+                    **{name: pid for name, (_, pid) in started.items()},
                     **{p.name: p.popen.pid for p in plane.processes},
                 }
                 with _sampled(processes["ours"], args.profile):
@@ -517,13 +525,13 @@ async def _phases(
     per_slice = -(-args.pods // args.slices)
     phases = []
     for rate in args.rates:
-        for target in TARGETS:
+        for target in targets(args):
             labels = {} if target in {"none", "ours"} else {TARGET_LABEL: target}
             kube.create_namespace(f"{target}-{rate}", labels)
         await asyncio.sleep(1)  # the namespaces reach the server's namespace cache
         pool = Pool(NS_ADDRESS, API_PORT, plane.ssl_context(), args.connections)
         for index in range(args.slices):
-            for target in TARGETS if index % 2 == 0 else TARGETS[::-1]:
+            for target in targets(args) if index % 2 == 0 else targets(args)[::-1]:
                 namespace = f"{target}-{rate}"
                 warmup = int(WARMUP_SECONDS * rate)
                 load = bodies(pod, f"s{index}", warmup + per_slice, {} if target == "ours" else exempt)
@@ -610,14 +618,14 @@ def report(phases: list[Phase], args: argparse.Namespace, info: dict[str, str]) 
         "|---:|---|" + "---:|" * 18,
     ]
     for rate in args.rates:
-        lines += [_row(rate, target, totals) for target in TARGETS]
+        lines += [_row(rate, target, totals) for target in targets(args)]
     lines.append("")
     for rate in args.rates:
         lines += _ratios(rate, totals)
     lines += ["", "Where the time went: each webhook call as the API server timed it (connection and TLS included), "
               "and our server's admission requests as it timed them (first byte to last):"]  # fmt: skip
     for rate in args.rates:
-        lines += [_calls_line(rate, target, totals[target, rate]) for target in TARGETS if target != "none"]
+        lines += [_calls_line(rate, target, totals[target, rate]) for target in targets(args) if target != "none"]
     lines += ["", "Our server's stall lines (at most one a minute):", info.get("stall lines") or "(none)"]
     return "\n".join(lines)
 
@@ -673,7 +681,27 @@ def _ratios(rate: int, totals: dict[tuple[str, int], Totals]) -> list[str]:
             f"webhook CPU {ratio_cpu:.2f}x (goal 2x), worst slice p99 {worst:.1f} ms against go-floor's "
             f"{floor_worst:.1f} ms: {worst / floor_worst:.2f}x (goal 2x)"
         )
+    if (SAME_ANSWER, rate) in totals:
+        lines += _same_answer(rate, totals)
     return lines
+
+
+def _same_answer(rate: int, totals: dict[tuple[str, int], Totals]) -> list[str]:
+    """The control against both: ours-ptrace ÷ go-same is our server against Go giving the same answer;
+    go-same ÷ go-floor is what our answer's longer content costs through the API server, from Go alike."""
+    base = totals["none", rate].pct(0.99)
+    added = {t: totals[t, rate].pct(0.99) - base for t in ("ours-ptrace", SAME_ANSWER, "go-floor")}
+    apiserver = {t: totals[t, rate].cpu("kube-apiserver") for t in added}
+
+    def ratio(a: str, b: str) -> str:
+        p99 = f"{added[a] / added[b]:.2f}x" if added[b] > 0 else "inf"
+        return f"added p99 {p99}, kube-apiserver CPU {apiserver[a] / apiserver[b]:.2f}x"
+
+    return [
+        f"- {rate}/s, ours-ptrace ÷ {SAME_ANSWER} (the same answer): {ratio('ours-ptrace', SAME_ANSWER)}",
+        f"- {rate}/s, {SAME_ANSWER} ÷ go-floor (our answer against go-floor's, both from Go): "
+        f"{ratio(SAME_ANSWER, 'go-floor')}",
+    ]
 
 
 def _quiet_closed(loop: asyncio.AbstractEventLoop, context: dict[str, object]) -> None:
@@ -692,14 +720,19 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=64)
     parser.add_argument("--keep", action="store_true", help="keep the work folder (logs of every process)")
     parser.add_argument("--profile", type=Path, help="sample our server with py-spy over the slices into this file")
+    parser.add_argument(
+        "--same-answer",
+        action="store_true",
+        help=f"add the control {SAME_ANSWER}: go-floor's code answering what our /mutate/ptrace answers",
+    )
     args = parser.parse_args()
-    go_binary = _preflight(args.anchors.resolve())
+    go = _preflight(args.anchors.resolve(), args.same_answer)
     work = Path(tempfile.mkdtemp(prefix="copilot-webhook-pods-bench-"))
     started = time.monotonic()
     try:
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             runner.get_loop().set_exception_handler(_quiet_closed)
-            phases, info = runner.run(run(args, go_binary, work))
+            phases, info = runner.run(run(args, go, work))
     finally:
         if args.keep:
             print(f"work folder kept: {work}", file=sys.stderr)

@@ -44,7 +44,7 @@ def test_the_report_names_the_worst_slice_and_the_goals() -> None:
         *(_phase("ours-ptrace", i, [9.0] * 1000) for i in (1, 2)),
         *(_phase("go-floor", i, [8.0] * 990 + [20.0] * 10) for i in (1, 2)),
     ]
-    args = argparse.Namespace(pods=2000, slices=2, connections=64, rates=[50])
+    args = argparse.Namespace(pods=2000, slices=2, connections=64, rates=[50], same_answer=False)
     info = {"load before": "0.1", "load after": "0.2", "chart webhooks": "x", "stall lines": ""}
     text = report(phases, args, info)
     ours = next(line for line in text.splitlines() if line.startswith("| 50/s | ours |"))
@@ -54,6 +54,27 @@ def test_the_report_names_the_worst_slice_and_the_goals() -> None:
     assert "worst slice p99 40.0 ms against go-floor's 20.0 ms: 2.00x (goal 2x)" in text
     assert "ours-ptrace ÷ go-floor: added p99 0.27x (goal 1.2x)" in text
     assert text.endswith("(none)")
+    assert "go-same" not in text, "the control is reported only when it ran"
+
+
+def test_the_control_is_set_against_ours_and_go_floor() -> None:
+    phases = [
+        *(_phase("none", i, [5.0] * 1000) for i in (1, 2)),
+        *(_phase("ours", i, [12.0] * 1000) for i in (1, 2)),
+        *(_phase("ours-ptrace", i, [17.0] * 1000) for i in (1, 2)),
+        *(_phase("go-floor", i, [9.0] * 1000) for i in (1, 2)),
+        *(_phase("go-same", i, [15.0] * 1000) for i in (1, 2)),
+    ]
+    for p in phases:
+        p.cpu["go-same"] = 1.0
+        p.cpu["kube-apiserver"] = {"go-floor": 8.0, "go-same": 10.0}.get(p.target, 12.0)
+    args = argparse.Namespace(pods=2000, slices=2, connections=64, rates=[50], same_answer=True)
+    info = {"load before": "0.1", "load after": "0.2", "chart webhooks": "x", "stall lines": ""}
+    text = report(phases, args, info)
+    assert any(line.startswith("| 50/s | go-same | 15.0 |") for line in text.splitlines())
+    assert "ours-ptrace ÷ go-same (the same answer): added p99 1.20x, kube-apiserver CPU 1.20x" in text
+    assert "go-same ÷ go-floor (our answer against go-floor's, both from Go): added p99 2.50x" in text
+    assert "- 50/s, go-same: the API server's" in text
 
 
 WEBHOOK_METRICS = """\

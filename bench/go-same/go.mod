@@ -1,0 +1,3 @@
+module gosame
+
+go 1.19
