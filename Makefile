@@ -116,12 +116,13 @@ clean:
 	rm -rf $(VENV) $(NEWEST) $(CERTS) .mypy_cache .ruff_cache .pytest_cache .hypothesis mutants
 
 # Pod creation through the real kube-apiserver at 50 and 100 pods/s with no webhook, ours (installed by the
-# chart) and go-floor (registered the same way), side by side: make bench-pods ANCHORS=<dir with go-floor/>.
-# Needs root and `make go-tools`; 5 to 10 minutes on a quiet machine, more where the API server falls behind.
+# chart), go-floor and the control go-same (go-floor's code giving our answer; both registered the same way), side
+# by side: make bench-pods ANCHORS=<dir with go-floor/>. Needs root and `make go-tools`; 7 to 12 minutes on a
+# quiet machine, more where the API server falls behind.
 .PHONY: bench-pods
 bench-pods: $(DEV)
 	@test -n "$(ANCHORS)" || { echo "make bench-pods ANCHORS=<dir with go-floor/>"; exit 2; }
-	$(BIN)/python bench/pods_bench.py --anchors $(ANCHORS)
+	$(BIN)/python bench/pods_bench.py --anchors $(ANCHORS) --same-answer
 
 # What the image puller adds to a pod's start on the tests' real node, in each mode (none, socket, agent), for
 # cached and fresh images: make bench-puller [ROUNDS=7]. Needs root, the node's packages and `make go-tools`.

@@ -2,6 +2,7 @@
 the admission chain: what a user of the webhook feels, in one run on one control plane.
 
     python bench/pods_bench.py --anchors DIR [--pods 2000] [--rates 50,100] [--slices 5] [--connections 64]
+                               [--same-answer]
 
 The control plane is the tests' (harness/controlplane.py: etcd and kube-apiserver built by `make go-tools`,
 in a network namespace whose loopback answers for the Service range; needs root). The chart is installed
@@ -9,7 +10,8 @@ by Helm with default values and its server runs as its ServiceAccount (harness/k
 on its Service's ClusterIP and port. Go-floor (DIR/go-floor, built with the installed Go) gets a Service,
 a serving certificate for `<service>.<namespace>.svc` and a webhook of its own, a copy of the chart's
 SYS_PTRACE webhook (rules, matchConditions, failure policy, timeout) with its clientConfig; our server's
-`/mutate/ptrace` is registered the same way, so it is measured doing exactly go-floor's work too.
+`/mutate/ptrace` is registered the same way, so it is measured doing go-floor's work too, answering with
+the annotation and audit annotation the spec asks for besides go-floor's one operation.
 
 Targets, one namespace each per rate, the same pod in all of them:
   none         no webhook is called (the pods carry the label the chart's objectSelector exempts, and no
@@ -18,6 +20,9 @@ Targets, one namespace each per rate, the same pod in all of them:
                webhooks, two calls per pod
   ours-ptrace  our server's /mutate/ptrace alone, registered like go-floor: one call per pod
   go-floor     the Go standard-library webhook, one call per pod
+  go-same      with --same-answer, the control: go-floor's code giving ours-ptrace's answer (bench/go-same),
+               registered like go-floor; what our answer's content costs through the API server, apart
+               from our server, and how far two targets doing the same work spread in one run
 
 At each rate, each target's `--pods` creates are sent in `--slices` turns, the targets taking turns (the
 order reversed every other slice), so a neighbour's load on this machine falls on all of them alike. A
