@@ -43,6 +43,8 @@ The tail is reported three ways: the pooled p99.9, each target's worst slice (by
 our server's event loop over it, read from its /metrics (whatever the target, so a go-floor slice shows what
 our idle server's loop did meanwhile): its stalls (a timer run over 100 ms late) and the worst lag's bucket.
 The server logs what held the loop at each stall (at most a line a minute); the report ends with those lines.
+Each ratio to go-floor is also given turn by turn: in how many turns the target's slice p99 was above
+go-floor's slice of the same turn, seconds apart, and the median ratio.
 """
 
 from __future__ import annotations
@@ -591,6 +593,17 @@ class Totals:
         """The slice with the highest p99."""
         return max(self.slices, key=lambda p: p.pct(0.99))
 
+    def against(self, other: Totals) -> str:
+        """Slice by slice: each of these slices' p99 over the other target's in the same turn (the two ran
+        seconds apart, so the machine's drift over a run falls on both): in how many it is above, and the
+        median ratio. A real difference shows in most turns; noise puts about half on each side."""
+        theirs = {p.slice: p.pct(0.99) for p in other.slices}
+        ratios = [p.pct(0.99) / theirs[p.slice] for p in self.slices if theirs.get(p.slice)]
+        if not ratios:
+            return "no turns to pair"
+        above = sum(r > 1 for r in ratios)
+        return f"slice by slice above in {above} of {len(ratios)} turns (median ratio {statistics.median(ratios):.2f}x)"
+
     def accepted(self) -> float:
         """Connections accepted per 1,000 pods sent (warm-up included)."""
         return sum(p.accepted for p in self.slices) * 1000 / max(1, sum(p.sent_count for p in self.slices))
@@ -684,7 +697,7 @@ def _ratios(rate: int, totals: dict[tuple[str, int], Totals]) -> list[str]:
         lines.append(
             f"- {rate}/s, {target} ÷ go-floor: added p99 {ratio99:.2f}x (goal {goal:g}x), "
             f"webhook CPU {ratio_cpu:.2f}x (goal 2x), worst slice p99 {worst:.1f} ms against go-floor's "
-            f"{floor_worst:.1f} ms: {worst / floor_worst:.2f}x (goal 2x)"
+            f"{floor_worst:.1f} ms: {worst / floor_worst:.2f}x (goal 2x); p99 {t.against(floor)}"
         )
     if (SAME_ANSWER, rate) in totals:
         lines += _same_answer(rate, totals)
@@ -700,7 +713,8 @@ def _same_answer(rate: int, totals: dict[tuple[str, int], Totals]) -> list[str]:
 
     def ratio(a: str, b: str) -> str:
         p99 = f"{added[a] / added[b]:.2f}x" if added[b] > 0 else "inf"
-        return f"added p99 {p99}, kube-apiserver CPU {apiserver[a] / apiserver[b]:.2f}x"
+        paired = totals[a, rate].against(totals[b, rate])
+        return f"added p99 {p99}, kube-apiserver CPU {apiserver[a] / apiserver[b]:.2f}x; p99 {paired}"
 
     return [
         f"- {rate}/s, ours-ptrace ÷ {SAME_ANSWER} (the same answer): {ratio('ours-ptrace', SAME_ANSWER)}",

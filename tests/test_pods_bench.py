@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from bench.pods_bench import API_WEBHOOK, Durations, LoopState, Phase, report
+from bench.pods_bench import API_WEBHOOK, Durations, LoopState, Phase, Totals, report
 
 METRICS = """\
 copilot_webhook_event_loop_lag_seconds_bucket{{le="0.001"}} {a}
@@ -53,8 +53,17 @@ def test_the_report_names_the_worst_slice_and_the_goals() -> None:
     assert cells[-2:] == ["2", "50"], "our loop's stalls and worst lag over the target's slices"
     assert "worst slice p99 40.0 ms against go-floor's 20.0 ms: 2.00x (goal 2x)" in text
     assert "ours-ptrace ÷ go-floor: added p99 0.27x (goal 1.2x)" in text
+    # Turn by turn: ours' first slice (p99 10 ms) is below go-floor's (20 ms), its second (40 ms) above.
+    assert "ours ÷ go-floor: added p99 2.33x" in text
+    assert "p99 slice by slice above in 1 of 2 turns (median ratio 1.25x)" in text
+    assert "p99 slice by slice above in 0 of 2 turns (median ratio 0.45x)" in text
     assert text.endswith("(none)")
     assert "go-same" not in text, "the control is reported only when it ran"
+
+
+def test_turns_pair_only_slices_sent_in_the_same_turn() -> None:
+    ours, theirs = Totals([_phase("ours-ptrace", 1, [9.0] * 100)]), Totals([_phase("go-floor", 2, [8.0] * 100)])
+    assert ours.against(theirs) == "no turns to pair"
 
 
 def test_the_control_is_set_against_ours_and_go_floor() -> None:
@@ -72,7 +81,10 @@ def test_the_control_is_set_against_ours_and_go_floor() -> None:
     info = {"load before": "0.1", "load after": "0.2", "chart webhooks": "x", "stall lines": ""}
     text = report(phases, args, info)
     assert any(line.startswith("| 50/s | go-same | 15.0 |") for line in text.splitlines())
-    assert "ours-ptrace ÷ go-same (the same answer): added p99 1.20x, kube-apiserver CPU 1.20x" in text
+    assert (
+        "ours-ptrace ÷ go-same (the same answer): added p99 1.20x, kube-apiserver CPU 1.20x; p99 slice by slice "
+        "above in 2 of 2 turns (median ratio 1.13x)" in text
+    )
     assert "go-same ÷ go-floor (our answer against go-floor's, both from Go): added p99 2.50x" in text
     assert "- 50/s, go-same: the API server's" in text
 
