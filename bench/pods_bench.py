@@ -24,16 +24,18 @@ Targets, one namespace each per rate, the same pod in all of them:
                registered like go-floor; what our answer's content costs through the API server, apart
                from our server, and how far two targets doing the same work spread in one run
 
-At each rate, each target's `--pods` creates are sent in `--slices` turns, the targets taking turns (the
-order reversed every other slice), so a neighbour's load on this machine falls on all of them alike. A
-slice starts with half a second of unmeasured warm-up at its rate and sends on a schedule, open loop: a
-create starts when it is due, whatever the earlier ones are doing, over a pool of keep-alive HTTPS
-connections (asyncio on uvloop, httptools parsing the answers). Latency is from the start of the create
-(waiting for a free connection included) to the end of the API server's answer (the stored pod); the
-slices' latencies are pooled. A slice sustains the rate when its creates were answered at 97% of it or
-more (the API server was not falling behind); the client kept the schedule when it started them at 97%
-or more, none 100 ms late. Each slice's pods are deleted after it (they are unscheduled, so the API server
-removes them at once): a few hundred pods are stored at a time, and every create is a real one (no dryRun).
+At each rate, each target's `--pods` creates are sent in `--slices` turns, the targets taking turns in an
+order from a Williams design (over as many turns as targets, twice that for an odd number, each target takes
+each place and follows each other target equally often), so a neighbour's load on this machine, and a place
+in the turn, fall on all of them alike. A slice starts with half a second of unmeasured warm-up at its rate
+and sends on a schedule, open loop: a create starts when it is due, whatever the earlier ones are doing,
+over a pool of keep-alive HTTPS connections (asyncio on uvloop, httptools parsing the answers). Latency is
+from the start of the create (waiting for a free connection included) to the end of the API server's answer
+(the stored pod); the slices' latencies are pooled. A slice sustains the rate when its creates were answered
+at 97% of it or more (the API server was not falling behind); the client kept the schedule when it started
+them at 97% or more, none 100 ms late. Each slice's pods are deleted after it (they are unscheduled, so the
+API server removes them at once): a few hundred pods are stored at a time, and every create is a real one
+(no dryRun).
 
 CPU is read from /proc/<pid>/stat (user + system, children included) of each server process and its
 descendants, over the measured part of each slice: the webhook's CPU per 1,000 pods created, and the API
@@ -494,6 +496,25 @@ def targets(args: argparse.Namespace) -> tuple[str, ...]:
     return (*TARGETS, SAME_ANSWER) if args.same_answer else TARGETS
 
 
+def turns(names: Sequence[str], count: int) -> list[tuple[str, ...]]:
+    """The order of the targets in each of `count` turns: a Williams design, so that over len(names) turns
+    (twice that for an odd number of targets) each target takes each place in a turn equally often and
+    follows each other target equally often. Where a target runs, and after which, moves its tail: the
+    run's first and last places, and the slice after the heaviest target, fall on all of them alike."""
+    n = len(names)
+    first, low, high = [0], 1, n - 1
+    while len(first) < n:  # 0, 1, n-1, 2, n-2, ...
+        first.append(low)
+        low += 1
+        if len(first) < n:
+            first.append(high)
+            high -= 1
+    rows = [tuple(names[(i + k) % n] for i in first) for k in range(n)]
+    if n % 2:
+        rows += [row[::-1] for row in rows]
+    return [rows[t % len(rows)] for t in range(count)]
+
+
 async def run(args: argparse.Namespace, go: dict[str, Path], work: Path) -> tuple[list[Phase], dict[str, str]]:
     etcd, apiserver = _binaries()
     info: dict[str, str] = {"load before": _loadavg()}
@@ -537,8 +558,8 @@ async def _phases(
             kube.create_namespace(f"{target}-{rate}", labels)
         await asyncio.sleep(1)  # the namespaces reach the server's namespace cache
         pool = Pool(NS_ADDRESS, API_PORT, plane.ssl_context(), args.connections)
-        for index in range(args.slices):
-            for target in targets(args) if index % 2 == 0 else targets(args)[::-1]:
+        for index, order in enumerate(turns(targets(args), args.slices)):
+            for target in order:
                 namespace = f"{target}-{rate}"
                 warmup = int(WARMUP_SECONDS * rate)
                 load = bodies(pod, f"s{index}", warmup + per_slice, {} if target == "ours" else exempt)
@@ -624,7 +645,7 @@ def report(phases: list[Phase], args: argparse.Namespace, info: dict[str, str]) 
     }
     lines = [
         f"{args.pods} pods per target and rate, in {args.slices} slices each preceded by {WARMUP_SECONDS} s of "
-        f"unmeasured warm-up, the targets in turn (order reversed every other slice); {args.connections} "
+        f"unmeasured warm-up, the targets in turn (a Williams design's order); {args.connections} "
         f"connections; {os.cpu_count()} CPUs, load average {info['load before']} before and {info['load after']} "
         f"after; Python {platform.python_version()}",
         f"chart webhooks (failure policy): {info['chart webhooks']}",

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections import Counter
 
-from bench.pods_bench import API_WEBHOOK, Durations, LoopState, Phase, Totals, report
+from bench.pods_bench import API_WEBHOOK, Durations, LoopState, Phase, Totals, report, turns
 
 METRICS = """\
 copilot_webhook_event_loop_lag_seconds_bucket{{le="0.001"}} {a}
@@ -121,3 +122,17 @@ def test_a_slice_counts_the_calls_the_api_server_timed_and_the_slowest() -> None
     assert _calls(185, 200, 200, 1.0).since(before).worst() == 0.1, "5 over 25 ms, none over 100 ms"
     assert _calls(190, 200, 200, 1.0).since(before).worst() == 0.025
     assert math.isnan(before.since(before).worst()), "no call in the slice: no slowest"
+
+
+def test_each_target_takes_each_place_and_follows_each_other_equally_often() -> None:
+    for names in (("a", "b", "c", "d"), ("a", "b", "c", "d", "e")):
+        n = len(names)
+        count = n if n % 2 == 0 else 2 * n
+        orders = turns(names, count)
+        assert all(sorted(order) == sorted(names) for order in orders), "every target once in every turn"
+        for place in range(n):
+            assert Counter(order[place] for order in orders) == Counter({name: count // n for name in names})
+        pairs = Counter((order[i], order[i + 1]) for order in orders for i in range(n - 1))
+        assert len(pairs) == n * (n - 1), "every target follows every other"
+        assert set(pairs.values()) == {count // n}
+    assert turns(("a", "b", "c"), 7)[6] == turns(("a", "b", "c"), 7)[0], "the design repeats past its length"
