@@ -294,7 +294,7 @@ def test_a_preview_asking_what_if_a_pod_security_level_is_in_force_gets_that_lev
     assert decided.outcomes[PTRACE].mutated is not bool(expected)
 
 
-def test_a_pod_undecided_for_both_kinds_is_told_bothreasons() -> None:
+def test_a_pod_undecided_for_both_kinds_is_told_both_reasons() -> None:
     socket = {"name": "copilot-webhook-runtime-socket", "emptyDir": {}}
     pod = _pod({**PRIMARY, "volumeMounts": []}, UPLOADER, volumes=[socket])
     decided = plan(pod, Facts(RequestFacts("ns", runtime="containerd")), build_settings({}))
