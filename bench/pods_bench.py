@@ -39,7 +39,9 @@ API server removes them at once): a few hundred pods are stored at a time, and e
 
 CPU is read from /proc/<pid>/stat (user + system, children included) of each server process and its
 descendants, over the measured part of each slice: the webhook's CPU per 1,000 pods created, and the API
-server's and etcd's for scale.
+server's and etcd's for scale. Beside it, from each thread's /proc/<pid>/task/<tid>/schedstat, how long the
+processes' threads waited on a run queue for a CPU over the slice: where creates pile up in one slice, that
+says whether the machine's CPUs were short then, and for whom.
 
 The tail is reported three ways: the pooled p99.9, each target's worst slice (by p99), and beside every slice
 our server's event loop over it, read from its /metrics (whatever the target, so a go-floor slice shows what
@@ -128,24 +130,72 @@ def accepted(pid: int) -> int:
     return int(values[names.index("PassiveOpens")])
 
 
-def cpu_seconds(roots: dict[str, int]) -> dict[str, float]:
-    """CPU seconds so far of each named process and its living descendants (exited ones are counted in
-    their parent's cutime/cstime once reaped)."""
+def _thread_waits(pid: int) -> dict[int, int]:
+    """Nanoseconds each living thread of `pid` has waited on a run queue for a CPU so far (the second field of
+    its schedstat); a thread that exits takes its count with it."""
+    waits: dict[int, int] = {}
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return waits
+    for tid in threads:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as handle:
+                waits[int(tid)] = int(handle.read().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    return waits
+
+
+class Usage(NamedTuple):
+    """What each named process and its living descendants have used so far: CPU seconds (exited descendants
+    are counted in their parent's cutime/cstime once reaped), and each thread's wait for a CPU."""
+
+    cpu: dict[str, float]
+    waits: dict[str, dict[int, int]]  # name -> thread id -> nanoseconds on a run queue
+    steal: float = 0.0  # seconds the hypervisor ran something else on this machine's CPUs, all CPUs added up
+
+    def since(self, earlier: Usage) -> tuple[dict[str, float], dict[str, float]]:
+        """CPU seconds and seconds spent waiting for a CPU since `earlier`, by name, and the machine's steal
+        as "steal". A thread started since then waited all of its count meanwhile; one that exited since is
+        left out."""
+        cpu = {name: self.cpu[name] - earlier.cpu.get(name, 0.0) for name in self.cpu}
+        waited = {}
+        for name, threads in self.waits.items():
+            before = earlier.waits.get(name, {})
+            waited[name] = sum(ns - before.get(tid, 0) for tid, ns in threads.items()) / 1e9
+        waited["steal"] = self.steal - earlier.steal
+        return cpu, waited
+
+
+def steal_seconds() -> float:
+    """The machine's steal time so far (/proc/stat's first line, eighth value): CPU time the hypervisor gave
+    to others while this machine had work for it."""
+    with open("/proc/stat", "rb") as handle:
+        fields = handle.readline().split()
+    return int(fields[8]) / os.sysconf("SC_CLK_TCK")
+
+
+def usage(roots: dict[str, int]) -> Usage:
+    """CPU so far of each named process and its descendants, and of this one (the load generator) as
+    "client"; and how long each of their threads has waited for a CPU."""
     table = _proc_table()
     children: dict[int, list[int]] = {}
     for pid, (ppid, _) in table.items():
         children.setdefault(ppid, []).append(pid)
-    totals = {}
+    cpu: dict[str, float] = {}
+    waits: dict[str, dict[int, int]] = {}
     for name, root in roots.items():
-        total, stack = 0.0, [root]
+        total, stack, threads = 0.0, [root], dict[int, int]()
         while stack:
             pid = stack.pop()
             if pid in table:
                 total += table[pid][1]
+                threads.update(_thread_waits(pid))
                 stack.extend(children.get(pid, ()))
-        totals[name] = total
-    totals["client"] = time.process_time()  # this process: the load generator
-    return totals
+        cpu[name], waits[name] = total, threads
+    cpu["client"], waits["client"] = time.process_time(), _thread_waits(os.getpid())
+    return Usage(cpu, waits, steal_seconds())
 
 
 # --- the pods --------------------------------------------------------------------------------------
@@ -254,6 +304,8 @@ class Phase:
     connections: int = 0  # connections the phase opened
     waited: int = 0  # creates that waited for a free connection
     cpu: dict[str, float] = field(default_factory=dict)  # CPU seconds over the measured part
+    cpu_wait: dict[str, float] = field(default_factory=dict)  # seconds on a run queue over the measured part
+    measured: float = 0.0  # seconds from the first measured start to the last answer
     calls: float = 0.0  # our server's admission requests per pod created (warm-up included)
     accepted: int = 0  # TCP connections accepted in the control plane's namespace, warm-up included
     stalls: float = 0.0  # our server's event-loop stalls over the slice, warm-up included
@@ -314,26 +366,26 @@ async def drive(
 
     tasks = []
     t0 = time.perf_counter() + 0.05
-    before: dict[str, float] = {}
+    before = Usage({}, {}, steal_seconds())
     for index, body in enumerate(load):
         due = t0 + index / rate
         delay = due - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)
         if index == warmup:
-            before = cpu_seconds(processes)
+            before = usage(processes)
         now = time.perf_counter()
         if index >= warmup:
             starts.append(now)
             phase.late = max(phase.late, now - due)
         tasks.append(asyncio.create_task(one(index, body)))
     await asyncio.gather(*tasks)
-    after = cpu_seconds(processes)
+    phase.cpu, phase.cpu_wait = usage(processes).since(before)
     phase.connections, phase.waited = pool.opened - opened, pool.waited - waited
     phase.sent_count = len(load)
     if answered:
-        phase.answered_rate = len(answered) / (max(answered) - starts[0])
-    phase.cpu = {name: after[name] - before[name] for name in after}
+        phase.measured = max(answered) - starts[0]
+        phase.answered_rate = len(answered) / phase.measured
     phase.sent_rate = (len(starts) - 1) / (starts[-1] - starts[0]) if len(starts) > 1 else 0.0
 
 
@@ -590,8 +642,16 @@ def _line(p: Phase) -> str:
         f"mutated {p.mutated}/{len(p.latencies)}, our loop: stalls {p.stalls:.0f}, "
         f"worst lag <= {p.worst_lag * 1000:g} ms, "
         f"the API server's webhook calls: {p.calls_seen.describe()}, our server's: {p.ours_seen.describe()}, "
-        f"errors {dict(p.errors)}, " + ", ".join(f"{k} {v:.2f} s" for k, v in p.cpu.items())
+        f"errors {dict(p.errors)}, CPU: "
+        + ", ".join(f"{k} {v:.2f} s" for k, v in p.cpu.items())
+        + f", waited for a CPU: {_waits(p)}"
     )
+
+
+def _waits(p: Phase) -> str:
+    """Each process's wait on a run queue over the slice's measured part, in ms per second of it."""
+    per_second = 1000 / p.measured if p.measured else float("nan")
+    return ", ".join(f"{name} {seconds * per_second:.0f}" for name, seconds in p.cpu_wait.items()) + " ms/s"
 
 
 # --- the report ------------------------------------------------------------------------------------
@@ -661,12 +721,24 @@ def report(phases: list[Phase], args: argparse.Namespace, info: dict[str, str]) 
     lines.append("")
     for rate in args.rates:
         lines += _ratios(rate, totals)
-    lines += ["", "Where the time went: each webhook call as the API server timed it (connection and TLS included), "
-              "and our server's admission requests as it timed them (first byte to last):"]  # fmt: skip
-    for rate in args.rates:
-        lines += [_calls_line(rate, target, totals[target, rate]) for target in targets(args) if target != "none"]
+    lines += _where(args, totals)
     lines += ["", "Our server's stall lines (at most one a minute):", info.get("stall lines") or "(none)"]
     return "\n".join(lines)
+
+
+def _where(args: argparse.Namespace, totals: dict[tuple[str, int], Totals]) -> list[str]:
+    """Where the time went: the webhook calls as both ends timed them, and who waited for a CPU in each
+    target's worst slice."""
+    lines = ["", "Where the time went: each webhook call as the API server timed it (connection and TLS included), "
+             "and our server's admission requests as it timed them (first byte to last):"]  # fmt: skip
+    for rate in args.rates:
+        lines += [_calls_line(rate, target, totals[target, rate]) for target in targets(args) if target != "none"]
+    lines += ["", "Each target's worst slice, and how long each process waited for a CPU in it, in ms per second "
+              "of the slice (a process's threads added up; steal: the CPU time the hypervisor took, all CPUs), "
+              "against the target's median slice:"]  # fmt: skip
+    for rate in args.rates:
+        lines += [_worst_line(rate, target, totals[target, rate]) for target in targets(args)]
+    return lines
 
 
 def _row(rate: int, target: str, totals: dict[tuple[str, int], Totals]) -> str:
@@ -695,6 +767,22 @@ def _calls_line(rate: int, target: str, t: Totals) -> str:
     )
     line = f"- {rate}/s, {target}: the API server's {seen.describe()}"
     return line + (f"; our server's {ours.describe()}" if target.startswith("ours") else "")
+
+
+def _worst_line(rate: int, target: str, t: Totals) -> str:
+    worst = t.worst()
+
+    def per_second(p: Phase, name: str) -> float:
+        return p.cpu_wait.get(name, 0.0) * 1000 / p.measured if p.measured else float("nan")
+
+    waits = ", ".join(
+        f"{name} {per_second(worst, name):.0f} ({statistics.median(per_second(p, name) for p in t.slices):.0f})"
+        for name in worst.cpu_wait
+    )
+    return (
+        f"- {rate}/s, {target}: turn {worst.slice}, p99 {worst.pct(0.99):.1f} ms, most in flight "
+        f"{worst.max_in_flight}; waited {waits or 'not read'}"
+    )
 
 
 def _loop_cells(t: Totals) -> str:

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+import signal
+import subprocess
 from collections import Counter
 
-from bench.pods_bench import API_WEBHOOK, Durations, LoopState, Phase, Totals, report, turns
+from bench.pods_bench import API_WEBHOOK, Durations, LoopState, Phase, Totals, Usage, report, turns, usage
 
 METRICS = """\
 copilot_webhook_event_loop_lag_seconds_bucket{{le="0.001"}} {a}
@@ -136,3 +139,52 @@ def test_each_target_takes_each_place_and_follows_each_other_equally_often() -> 
         assert len(pairs) == n * (n - 1), "every target follows every other"
         assert set(pairs.values()) == {count // n}
     assert turns(("a", "b", "c"), 7)[6] == turns(("a", "b", "c"), 7)[0], "the design repeats past its length"
+
+
+def test_a_slice_counts_each_threads_wait_for_a_cpu_from_its_own_start() -> None:
+    before = Usage({"ours": 1.0}, {"ours": {10: 5_000_000, 11: 2_000_000, 12: 9_000_000}}, steal=7.0)
+    after = Usage({"ours": 1.5}, {"ours": {10: 8_000_000, 11: 2_000_000, 13: 4_000_000}}, steal=7.25)
+    cpu, waited = after.since(before)
+    assert cpu == {"ours": 0.5}
+    # Thread 10 waited 3 ms more, 11 none, 13 started meanwhile (all of its 4 ms), 12 exited (left out).
+    assert waited == {"ours": 0.007, "steal": 0.25}
+
+
+def test_the_waits_of_a_process_include_its_descendants_threads() -> None:
+    shell = subprocess.Popen(["sh", "-c", "sleep 30 & echo $!; wait"], stdout=subprocess.PIPE, text=True)
+    assert shell.stdout is not None
+    sleeper = int(shell.stdout.readline())
+    try:
+        now = usage({"shell": shell.pid})
+        assert set(now.waits["shell"]) == {shell.pid, sleeper}, "the shell's thread and its child's"
+        assert all(ns >= 0 for ns in now.waits["shell"].values())
+        assert os.getpid() in now.waits["client"], "this process, the load generator"
+        assert now.cpu["client"] > 0
+        assert now.steal >= 0
+    finally:
+        os.kill(sleeper, signal.SIGKILL)
+        shell.wait()
+        shell.stdout.close()
+
+
+def test_the_report_says_who_waited_for_a_cpu_in_each_targets_worst_slice() -> None:
+    phases = [
+        *(_phase("none", i, [5.0] * 100) for i in (1, 2, 3)),
+        *(_phase("ours", i, [12.0] * 100) for i in (1, 2, 3)),
+        *(_phase("ours-ptrace", i, [9.0] * 100) for i in (1, 2, 3)),
+        *(_phase("go-floor", i, [8.0] * 100) for i in (1, 2, 3)),
+    ]
+    for p in phases:
+        p.measured = 2.0
+        p.cpu_wait = {"ours": 0.02, "kube-apiserver": 0.1, "steal": 0.0}
+    pile_up = phases[7]  # ours-ptrace's second turn
+    pile_up.latencies = [0.009] * 90 + [0.12] * 10
+    pile_up.max_in_flight = 13
+    pile_up.cpu_wait = {"ours": 0.04, "kube-apiserver": 0.9, "steal": 0.3}
+    args = argparse.Namespace(pods=300, slices=3, connections=64, rates=[50], same_answer=False)
+    info = {"load before": "0.1", "load after": "0.2", "chart webhooks": "x", "stall lines": ""}
+    text = report(phases, args, info)
+    assert (
+        "- 50/s, ours-ptrace: turn 2, p99 120.0 ms, most in flight 13; "
+        "waited ours 20 (10), kube-apiserver 450 (50), steal 150 (0)" in text
+    ), "in ms per second of the slice, the target's median slice in brackets"
