@@ -2,7 +2,7 @@
 the admission chain: what a user of the webhook feels, in one run on one control plane.
 
     python bench/pods_bench.py --anchors DIR [--pods 2000] [--rates 50,100] [--slices 5] [--connections 64]
-                               [--same-answer]
+                               [--same-answer] [--steal-bound 50]
 
 The control plane is the tests' (harness/controlplane.py: etcd and kube-apiserver built by `make go-tools`,
 in a network namespace whose loopback answers for the Service range; needs root). The chart is installed
@@ -41,7 +41,10 @@ CPU is read from /proc/<pid>/stat (user + system, children included) of each ser
 descendants, over the measured part of each slice: the webhook's CPU per 1,000 pods created, and the API
 server's and etcd's for scale. Beside it, from each thread's /proc/<pid>/task/<tid>/schedstat, how long the
 processes' threads waited on a run queue for a CPU over the slice: where creates pile up in one slice, that
-says whether the machine's CPUs were short then, and for whom.
+says whether the machine's CPUs were short then, and for whom. The machine's steal (CPU time its hypervisor
+gave to others while it had work, from /proc/stat) is read the same way. A turn in which the hypervisor took
+more than `--steal-bound` ms a second in any slice is run again, in the same order, up to `--slices` times
+a rate: the figures are the undisturbed turns', and the report lists the turns run again.
 
 The tail is reported three ways: the pooled p99.9, each target's worst slice (by p99), and beside every slice
 our server's event loop over it, read from its /metrics (whatever the target, so a go-floor slice shows what
@@ -69,7 +72,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -306,6 +309,8 @@ class Phase:
     cpu: dict[str, float] = field(default_factory=dict)  # CPU seconds over the measured part
     cpu_wait: dict[str, float] = field(default_factory=dict)  # seconds on a run queue over the measured part
     measured: float = 0.0  # seconds from the first measured start to the last answer
+    attempt: int = 0  # the turn's first run, or how many times it ran before
+    repeated: bool = False  # the turn was disturbed and run again: this slice is not in the figures
     calls: float = 0.0  # our server's admission requests per pod created (warm-up included)
     accepted: int = 0  # TCP connections accepted in the control plane's namespace, warm-up included
     stalls: float = 0.0  # our server's event-loop stalls over the slice, warm-up included
@@ -317,6 +322,10 @@ class Phase:
 
     def pct(self, q: float) -> float:
         return percentile(sorted(self.latencies), q) * 1000
+
+    def steal_rate(self) -> float:
+        """The hypervisor's steal over the measured part, in ms a second (all CPUs added up)."""
+        return self.cpu_wait.get("steal", 0.0) * 1000 / self.measured if self.measured else 0.0
 
     @property
     def sent(self) -> bool:
@@ -600,37 +609,80 @@ async def run(args: argparse.Namespace, go: dict[str, Path], work: Path) -> tupl
 async def _phases(
     args: argparse.Namespace, kube: Kube, plane: ControlPlane, pods: ChartPods, processes: dict[str, int]
 ) -> list[Phase]:
+    """Every slice sent, the turns run again included (marked `repeated`)."""
     pod = template()
     exempt = {"copilot-webhook.io/webhook-release": pods.release.fullname}  # the chart's objectSelector skips these
     per_slice = -(-args.pods // args.slices)
-    phases = []
+    phases: list[Phase] = []
     for rate in args.rates:
         for target in targets(args):
             labels = {} if target in {"none", "ours"} else {TARGET_LABEL: target}
             kube.create_namespace(f"{target}-{rate}", labels)
         await asyncio.sleep(1)  # the namespaces reach the server's namespace cache
         pool = Pool(NS_ADDRESS, API_PORT, plane.ssl_context(), args.connections)
+
+        async def send(phase: Phase, rate: int = rate, pool: Pool = pool) -> None:
+            load = bodies(pod, f"s{phase.slice}a{phase.attempt}", int(WARMUP_SECONDS * rate) + per_slice,
+                          {} if phase.target == "ours" else exempt)  # fmt: skip
+            await _slice(pool, kube, pods, processes, phase, load)
+
+        repeats = args.slices  # at most as many turns again as the rate has
         for index, order in enumerate(turns(targets(args), args.slices)):
-            for target in order:
-                namespace = f"{target}-{rate}"
-                warmup = int(WARMUP_SECONDS * rate)
-                load = bodies(pod, f"s{index}", warmup + per_slice, {} if target == "ours" else exempt)
-                phase = Phase(target, rate, index + 1)
-                calls, loop = admission_requests(pods), LoopState.read(pods)
-                seen, ours = _calls(kube, pods)
-                opens = accepted(processes["kube-apiserver"])  # after this bench's own reads of /metrics
-                await drive(pool, f"/api/v1/namespaces/{namespace}/pods", load, warmup, rate, phase, processes)
-                phase.accepted = accepted(processes["kube-apiserver"]) - opens
-                phase.stalls, phase.worst_lag = LoopState.read(pods).since(loop)
-                seen_after, ours_after = _calls(kube, pods)
-                phase.calls_seen, phase.ours_seen = seen_after.since(seen), ours_after.since(ours)
-                phase.calls = (admission_requests(pods) - calls) / len(load)
-                phases.append(phase)
-                print(_line(phase), file=sys.stderr, flush=True)
-                _cleanup(kube, namespace)
-                await asyncio.sleep(SETTLE_SECONDS)
+            sent, repeats = await run_turn(order, rate, index + 1, send, args.steal_bound, repeats)
+            phases += sent
         await pool.close()
     return phases
+
+
+async def run_turn(
+    order: Sequence[str],
+    rate: int,
+    number: int,
+    send: Callable[[Phase], Awaitable[None]],
+    bound: float,
+    repeats: int,
+) -> tuple[list[Phase], int]:
+    """One turn, its targets' slices in `order`, run again in the same order (so the design stays balanced)
+    while disturbed and `repeats` last; returns every slice sent, those of the runs set aside marked
+    `repeated`, and the repeats left."""
+    sent: list[Phase] = []
+    while True:
+        turn = [Phase(target, rate, number, attempt=len(sent) // len(order)) for target in order]
+        for phase in turn:
+            await send(phase)
+        sent += turn
+        if not disturbed(turn, bound) or repeats <= 0:
+            return sent, repeats
+        repeats -= 1
+        for phase in turn:
+            phase.repeated = True
+        print(f"turn {number} at {rate}/s disturbed (steal over {bound:g} ms/s): run again", file=sys.stderr)
+
+
+def disturbed(turn: Sequence[Phase], bound: float) -> bool:
+    """Whether the hypervisor took more than `bound` ms a second of this machine's CPUs in a slice of the turn.
+    Negative: never."""
+    return bound >= 0 and any(p.steal_rate() > bound for p in turn)
+
+
+async def _slice(
+    pool: Pool, kube: Kube, pods: ChartPods, processes: dict[str, int], phase: Phase, load: list[bytes]
+) -> None:
+    """One target's slice: its creates, and what our server, the API server and the machine did meanwhile."""
+    namespace = f"{phase.target}-{phase.rate}"
+    warmup = int(WARMUP_SECONDS * phase.rate)
+    calls, loop = admission_requests(pods), LoopState.read(pods)
+    seen, ours = _calls(kube, pods)
+    opens = accepted(processes["kube-apiserver"])  # after this bench's own reads of /metrics
+    await drive(pool, f"/api/v1/namespaces/{namespace}/pods", load, warmup, phase.rate, phase, processes)
+    phase.accepted = accepted(processes["kube-apiserver"]) - opens
+    phase.stalls, phase.worst_lag = LoopState.read(pods).since(loop)
+    seen_after, ours_after = _calls(kube, pods)
+    phase.calls_seen, phase.ours_seen = seen_after.since(seen), ours_after.since(ours)
+    phase.calls = (admission_requests(pods) - calls) / len(load)
+    print(_line(phase), file=sys.stderr, flush=True)
+    _cleanup(kube, namespace)
+    await asyncio.sleep(SETTLE_SECONDS)
 
 
 def _line(p: Phase) -> str:
@@ -700,12 +752,12 @@ def _server(target: str) -> str:
 
 
 def report(phases: list[Phase], args: argparse.Namespace, info: dict[str, str]) -> str:
-    totals = {
-        (p.target, p.rate): Totals([q for q in phases if (q.target, q.rate) == (p.target, p.rate)]) for p in phases
-    }
+    kept = [p for p in phases if not p.repeated]
+    totals = {(p.target, p.rate): Totals([q for q in kept if (q.target, q.rate) == (p.target, p.rate)]) for p in kept}
     lines = [
         f"{args.pods} pods per target and rate, in {args.slices} slices each preceded by {WARMUP_SECONDS} s of "
-        f"unmeasured warm-up, the targets in turn (a Williams design's order); {args.connections} "
+        f"unmeasured warm-up, the targets in turn (a Williams design's order; a turn run again when the "
+        f"hypervisor took more than {args.steal_bound:g} ms a second in one of its slices); {args.connections} "
         f"connections; {os.cpu_count()} CPUs, load average {info['load before']} before and {info['load after']} "
         f"after; Python {platform.python_version()}",
         f"chart webhooks (failure policy): {info['chart webhooks']}",
@@ -722,8 +774,32 @@ def report(phases: list[Phase], args: argparse.Namespace, info: dict[str, str]) 
     for rate in args.rates:
         lines += _ratios(rate, totals)
     lines += _where(args, totals)
+    lines += _repeated(args, phases)
     lines += ["", "Our server's stall lines (at most one a minute):", info.get("stall lines") or "(none)"]
     return "\n".join(lines)
+
+
+def _repeated(args: argparse.Namespace, phases: list[Phase]) -> list[str]:
+    """The turns run again because the hypervisor took more than the bound in one of their slices, and the
+    kept turns it disturbed all the same (the repeats used up)."""
+    lines = ["", f"Turns run again, the hypervisor having taken more than {args.steal_bound:g} ms a second in one "
+             "of their slices (each slice's p99, and the steal in ms a second):"]  # fmt: skip
+    for rate in args.rates:
+        runs: dict[tuple[int, int], list[Phase]] = {}
+        for p in phases:
+            if p.rate == rate:
+                runs.setdefault((p.slice, p.attempt), []).append(p)
+        again = [(i, t) for (i, _), t in runs.items() if t[0].repeated]
+        still = [(i, t) for (i, _), t in runs.items() if not t[0].repeated and disturbed(t, args.steal_bound)]
+        lines.append(f"- {rate}/s: {len(again)} run again" + "".join(f"; turn {i}: {_turn(t)}" for i, t in again))
+        if still:
+            lines.append(f"- {rate}/s, kept though disturbed (the repeats used up): "
+                         + "; ".join(f"turn {i}: {_turn(t)}" for i, t in still))  # fmt: skip
+    return lines
+
+
+def _turn(turn: list[Phase]) -> str:
+    return ", ".join(f"{p.target} {p.pct(0.99):.1f} ms ({p.steal_rate():.0f})" for p in turn)
 
 
 def _where(args: argparse.Namespace, totals: dict[tuple[str, int], Totals]) -> list[str]:
@@ -846,6 +922,12 @@ def main() -> None:
     parser.add_argument("--rates", type=lambda s: [int(r) for r in s.split(",")], default=[50, 100])
     parser.add_argument("--slices", type=int, default=5, help="each target's pods are sent in this many turns")
     parser.add_argument("--connections", type=int, default=64)
+    parser.add_argument(
+        "--steal-bound",
+        type=float,
+        default=50.0,
+        help="ms a second the hypervisor may take in a slice before its turn is run again (negative: never)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the work folder (logs of every process)")
     parser.add_argument("--profile", type=Path, help="sample our server with py-spy over the slices into this file")
     parser.add_argument(

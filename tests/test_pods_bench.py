@@ -4,13 +4,15 @@ each slice as its /metrics tells it, and the webhook calls as the API server and
 from __future__ import annotations
 
 import argparse
+import asyncio
 import math
 import os
 import signal
 import subprocess
 from collections import Counter
+from collections.abc import Awaitable, Callable
 
-from bench.pods_bench import API_WEBHOOK, Durations, LoopState, Phase, Totals, Usage, report, turns, usage
+from bench.pods_bench import API_WEBHOOK, Durations, LoopState, Phase, Totals, Usage, report, run_turn, turns, usage
 
 METRICS = """\
 copilot_webhook_event_loop_lag_seconds_bucket{{le="0.001"}} {a}
@@ -48,7 +50,7 @@ def test_the_report_names_the_worst_slice_and_the_goals() -> None:
         *(_phase("ours-ptrace", i, [9.0] * 1000) for i in (1, 2)),
         *(_phase("go-floor", i, [8.0] * 990 + [20.0] * 10) for i in (1, 2)),
     ]
-    args = argparse.Namespace(pods=2000, slices=2, connections=64, rates=[50], same_answer=False)
+    args = argparse.Namespace(pods=2000, slices=2, connections=64, rates=[50], same_answer=False, steal_bound=50.0)
     info = {"load before": "0.1", "load after": "0.2", "chart webhooks": "x", "stall lines": ""}
     text = report(phases, args, info)
     ours = next(line for line in text.splitlines() if line.startswith("| 50/s | ours |"))
@@ -81,7 +83,7 @@ def test_the_control_is_set_against_ours_and_go_floor() -> None:
     for p in phases:
         p.cpu["go-same"] = 1.0
         p.cpu["kube-apiserver"] = {"go-floor": 8.0, "go-same": 10.0}.get(p.target, 12.0)
-    args = argparse.Namespace(pods=2000, slices=2, connections=64, rates=[50], same_answer=True)
+    args = argparse.Namespace(pods=2000, slices=2, connections=64, rates=[50], same_answer=True, steal_bound=50.0)
     info = {"load before": "0.1", "load after": "0.2", "chart webhooks": "x", "stall lines": ""}
     text = report(phases, args, info)
     assert any(line.startswith("| 50/s | go-same | 15.0 |") for line in text.splitlines())
@@ -181,10 +183,70 @@ def test_the_report_says_who_waited_for_a_cpu_in_each_targets_worst_slice() -> N
     pile_up.latencies = [0.009] * 90 + [0.12] * 10
     pile_up.max_in_flight = 13
     pile_up.cpu_wait = {"ours": 0.04, "kube-apiserver": 0.9, "steal": 0.3}
-    args = argparse.Namespace(pods=300, slices=3, connections=64, rates=[50], same_answer=False)
+    args = argparse.Namespace(pods=300, slices=3, connections=64, rates=[50], same_answer=False, steal_bound=50.0)
     info = {"load before": "0.1", "load after": "0.2", "chart webhooks": "x", "stall lines": ""}
     text = report(phases, args, info)
     assert (
         "- 50/s, ours-ptrace: turn 2, p99 120.0 ms, most in flight 13; "
         "waited ours 20 (10), kube-apiserver 450 (50), steal 150 (0)" in text
     ), "in ms per second of the slice, the target's median slice in brackets"
+
+
+def _sender(steal_ms_per_s: list[float]) -> tuple[list[Phase], Callable[[Phase], Awaitable[None]]]:
+    """A stand-in for a slice through the API server: each slice sent gets the next steal figure."""
+    sent: list[Phase] = []
+
+    async def send(phase: Phase) -> None:
+        phase.measured, phase.latencies = 1.0, [0.01] * 100
+        phase.cpu_wait = {"steal": steal_ms_per_s[len(sent)] / 1000}
+        sent.append(phase)
+
+    return sent, send
+
+
+def test_a_disturbed_turn_is_run_again_in_the_same_order_while_repeats_last() -> None:
+    order = ("go-floor", "ours", "none")
+    sent, send = _sender([0, 80, 0, 10, 20, 30])  # the first run's second slice: 80 ms a second stolen
+    phases, left = asyncio.run(run_turn(order, 50, 3, send, 50.0, repeats=2))
+    assert phases == sent
+    assert [(p.target, p.attempt, p.repeated) for p in phases] == [
+        ("go-floor", 0, True), ("ours", 0, True), ("none", 0, True),
+        ("go-floor", 1, False), ("ours", 1, False), ("none", 1, False),
+    ]  # fmt: skip
+    assert left == 1
+    assert {p.slice for p in phases} == {3}, "a turn run again keeps its number, so turns still pair"
+
+
+def test_a_turn_is_kept_once_the_repeats_are_used_up_and_never_repeated_with_a_negative_bound() -> None:
+    _, send = _sender([90, 90, 90, 90])
+    phases, left = asyncio.run(run_turn(("a", "b"), 50, 1, send, 50.0, repeats=1))
+    assert [p.repeated for p in phases] == [True, True, False, False]
+    assert left == 0
+    _, send = _sender([900, 900])
+    phases, _ = asyncio.run(run_turn(("a", "b"), 50, 1, send, -1.0, repeats=5))
+    assert [p.repeated for p in phases] == [False, False]
+
+
+def test_the_report_leaves_turns_run_again_out_of_the_figures_and_lists_them() -> None:
+    phases = []
+    for target, p99s in {"none": [5.0, 5.0], "ours": [12.0, 12.0], "ours-ptrace": [9.0, 9.0]}.items():
+        for turn, ms in enumerate(p99s, start=1):
+            phases.append(_phase(target, turn, [ms] * 100))
+    floor = [_phase("go-floor", 1, [8.0] * 100), _phase("go-floor", 2, [8.0] * 100)]
+    stolen = [_phase(t, 2, [400.0] * 100) for t in ("none", "ours", "ours-ptrace", "go-floor")]
+    for p in [*phases, *floor, *stolen]:
+        p.measured = 1.0
+        p.cpu_wait = {"steal": 0.3 if p in stolen else 0.0}
+    for p in stolen:
+        p.repeated = True
+    for p in [*phases, *floor]:
+        p.attempt = 1 if p.slice == 2 else 0
+    args = argparse.Namespace(pods=200, slices=2, connections=64, rates=[50], same_answer=False, steal_bound=50.0)
+    info = {"load before": "0.1", "load after": "0.2", "chart webhooks": "x", "stall lines": ""}
+    text = report([*phases, *stolen, *floor], args, info)
+    assert any(line.startswith("| 50/s | ours | 12.0 | 12.0 | 12.0 | 12.0 |") for line in text.splitlines())
+    assert (
+        "- 50/s: 1 run again; turn 2: none 400.0 ms (300), ours 400.0 ms (300), ours-ptrace 400.0 ms (300), "
+        "go-floor 400.0 ms (300)" in text
+    )
+    assert "kept though disturbed" not in text
