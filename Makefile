@@ -117,8 +117,8 @@ clean:
 
 # Pod creation through the real kube-apiserver at 50 and 100 pods/s with no webhook, ours (installed by the
 # chart), go-floor and the control go-same (go-floor's code giving our answer; both registered the same way), side
-# by side: make bench-pods ANCHORS=<dir with go-floor/>. Needs root and `make go-tools`; 7 to 12 minutes on a
-# quiet machine, more where the API server falls behind.
+# by side: make bench-pods ANCHORS=<dir with go-floor/>. Needs root and `make go-tools`; 8 to 14 minutes on a
+# quiet machine, up to twice that where the hypervisor takes the CPUs often (its turns are run again).
 .PHONY: bench-pods
 bench-pods: $(DEV)
 	@test -n "$(ANCHORS)" || { echo "make bench-pods ANCHORS=<dir with go-floor/>"; exit 2; }
