@@ -166,7 +166,8 @@ class Usage(NamedTuple):
         waited = {}
         for name, threads in self.waits.items():
             before = earlier.waits.get(name, {})
-            waited[name] = sum(ns - before.get(tid, 0) for tid, ns in threads.items()) / 1e9
+            # A thread id reused within the interval would count less than nothing: its share is taken as none.
+            waited[name] = sum(max(0, ns - before.get(tid, 0)) for tid, ns in threads.items()) / 1e9
         waited["steal"] = self.steal - earlier.steal
         return cpu, waited
 
@@ -390,11 +391,10 @@ async def drive(
         tasks.append(asyncio.create_task(one(index, body)))
     await asyncio.gather(*tasks)
     phase.cpu, phase.cpu_wait = usage(processes).since(before)
+    read = time.perf_counter()
     phase.connections, phase.waited = pool.opened - opened, pool.waited - waited
     phase.sent_count = len(load)
-    if answered:
-        phase.measured = max(answered) - starts[0]
-        phase.answered_rate = len(answered) / phase.measured
+    phase.measured, phase.answered_rate = _measured(starts, answered, read)
     phase.sent_rate = (len(starts) - 1) / (starts[-1] - starts[0]) if len(starts) > 1 else 0.0
 
 
@@ -685,9 +685,22 @@ async def _slice(
     await asyncio.sleep(SETTLE_SECONDS)
 
 
+def _again(p: Phase) -> str:
+    return f" (run {p.attempt + 1})" if p.attempt else ""
+
+
+def _measured(starts: list[float], answered: list[float], read: float) -> tuple[float, float]:
+    """The measured part's seconds, from the first measured start to the last answer (with none, to `read`,
+    when the last create had failed), and the answers a second over it."""
+    if not starts:
+        return 0.0, 0.0
+    seconds = (max(answered) if answered else read) - starts[0]
+    return seconds, len(answered) / seconds if answered else 0.0
+
+
 def _line(p: Phase) -> str:
     return (
-        f"slice {p.slice} {p.rate}/s {p.target}: p50 {p.pct(0.5):.1f} ms p99 {p.pct(0.99):.1f} ms, "
+        f"slice {p.slice}{_again(p)} {p.rate}/s {p.target}: p50 {p.pct(0.5):.1f} ms p99 {p.pct(0.99):.1f} ms, "
         f"sent {p.sent_rate:.1f}/s, answered {p.answered_rate:.1f}/s, late {p.late * 1000:.0f} ms, "
         f"in flight {p.max_in_flight}, connections opened {p.connections}, waited {p.waited}, "
         f"our server's calls per pod {p.calls:.2f}, connections accepted {p.accepted}, "
@@ -756,8 +769,7 @@ def report(phases: list[Phase], args: argparse.Namespace, info: dict[str, str]) 
     totals = {(p.target, p.rate): Totals([q for q in kept if (q.target, q.rate) == (p.target, p.rate)]) for p in kept}
     lines = [
         f"{args.pods} pods per target and rate, in {args.slices} slices each preceded by {WARMUP_SECONDS} s of "
-        f"unmeasured warm-up, the targets in turn (a Williams design's order; a turn run again when the "
-        f"hypervisor took more than {args.steal_bound:g} ms a second in one of its slices); {args.connections} "
+        f"unmeasured warm-up, the targets in turn (a Williams design's order; {_rerun_rule(args)}); {args.connections} "
         f"connections; {os.cpu_count()} CPUs, load average {info['load before']} before and {info['load after']} "
         f"after; Python {platform.python_version()}",
         f"chart webhooks (failure policy): {info['chart webhooks']}",
@@ -774,9 +786,17 @@ def report(phases: list[Phase], args: argparse.Namespace, info: dict[str, str]) 
     for rate in args.rates:
         lines += _ratios(rate, totals)
     lines += _where(args, totals)
-    lines += _repeated(args, phases)
+    lines += (
+        _repeated(args, phases) if args.steal_bound >= 0 else ["", "No turn was run again (--steal-bound negative)."]
+    )
     lines += ["", "Our server's stall lines (at most one a minute):", info.get("stall lines") or "(none)"]
     return "\n".join(lines)
+
+
+def _rerun_rule(args: argparse.Namespace) -> str:
+    if args.steal_bound < 0:
+        return "no turn run again"
+    return f"a turn run again when the hypervisor took more than {args.steal_bound:g} ms a second in one of its slices"
 
 
 def _repeated(args: argparse.Namespace, phases: list[Phase]) -> list[str]:

@@ -12,7 +12,19 @@ import subprocess
 from collections import Counter
 from collections.abc import Awaitable, Callable
 
-from bench.pods_bench import API_WEBHOOK, Durations, LoopState, Phase, Totals, Usage, report, run_turn, turns, usage
+from bench.pods_bench import (
+    API_WEBHOOK,
+    Durations,
+    LoopState,
+    Phase,
+    Totals,
+    Usage,
+    _measured,
+    report,
+    run_turn,
+    turns,
+    usage,
+)
 
 METRICS = """\
 copilot_webhook_event_loop_lag_seconds_bucket{{le="0.001"}} {a}
@@ -144,11 +156,12 @@ def test_each_target_takes_each_place_and_follows_each_other_equally_often() -> 
 
 
 def test_a_slice_counts_each_threads_wait_for_a_cpu_from_its_own_start() -> None:
-    before = Usage({"ours": 1.0}, {"ours": {10: 5_000_000, 11: 2_000_000, 12: 9_000_000}}, steal=7.0)
-    after = Usage({"ours": 1.5}, {"ours": {10: 8_000_000, 11: 2_000_000, 13: 4_000_000}}, steal=7.25)
+    before = Usage({"ours": 1.0}, {"ours": {10: 5_000_000, 11: 2_000_000, 12: 9_000_000, 14: 6_000_000}}, steal=7.0)
+    after = Usage({"ours": 1.5}, {"ours": {10: 8_000_000, 11: 2_000_000, 13: 4_000_000, 14: 1_000_000}}, steal=7.25)
     cpu, waited = after.since(before)
     assert cpu == {"ours": 0.5}
-    # Thread 10 waited 3 ms more, 11 none, 13 started meanwhile (all of its 4 ms), 12 exited (left out).
+    # Thread 10 waited 3 ms more, 11 none, 13 started meanwhile (all of its 4 ms), 12 exited (left out), and
+    # 14's id was taken by a new thread (its count fell): none.
     assert waited == {"ours": 0.007, "steal": 0.25}
 
 
@@ -250,3 +263,12 @@ def test_the_report_leaves_turns_run_again_out_of_the_figures_and_lists_them() -
         "go-floor 400.0 ms (300)" in text
     )
     assert "kept though disturbed" not in text
+    off = report([*phases, *floor], argparse.Namespace(**{**vars(args), "steal_bound": -1.0}), info)
+    assert "no turn run again" in off
+    assert "No turn was run again (--steal-bound negative)." in off
+
+
+def test_a_slice_whose_creates_all_failed_still_has_a_length_to_divide_its_waits_by() -> None:
+    assert _measured([1.0, 2.0], [3.0, 5.0], 9.0) == (4.0, 0.5), "from the first start to the last answer"
+    assert _measured([1.0, 2.0], [], 9.0) == (8.0, 0.0), "no answer: until the usage was read after the last failure"
+    assert _measured([], [], 9.0) == (0.0, 0.0)
