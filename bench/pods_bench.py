@@ -324,9 +324,10 @@ class Phase:
     def pct(self, q: float) -> float:
         return percentile(sorted(self.latencies), q) * 1000
 
-    def steal_rate(self) -> float:
-        """The hypervisor's steal over the measured part, in ms a second (all CPUs added up)."""
-        return self.cpu_wait.get("steal", 0.0) * 1000 / self.measured if self.measured else 0.0
+    def wait_rate(self, name: str) -> float:
+        """How long `name`'s threads waited for a CPU over the measured part (for "steal", how long the hypervisor
+        took the CPUs, all added up), in ms a second of it; NaN for a slice with no measured part."""
+        return self.cpu_wait.get(name, 0.0) * 1000 / self.measured if self.measured else float("nan")
 
     @property
     def sent(self) -> bool:
@@ -662,7 +663,7 @@ async def run_turn(
 def disturbed(turn: Sequence[Phase], bound: float) -> bool:
     """Whether the hypervisor took more than `bound` ms a second of this machine's CPUs in a slice of the turn.
     Negative: never."""
-    return bound >= 0 and any(p.steal_rate() > bound for p in turn)
+    return bound >= 0 and any(p.wait_rate("steal") > bound for p in turn)
 
 
 async def _slice(
@@ -715,8 +716,7 @@ def _line(p: Phase) -> str:
 
 def _waits(p: Phase) -> str:
     """Each process's wait on a run queue over the slice's measured part, in ms per second of it."""
-    per_second = 1000 / p.measured if p.measured else float("nan")
-    return ", ".join(f"{name} {seconds * per_second:.0f}" for name, seconds in p.cpu_wait.items()) + " ms/s"
+    return ", ".join(f"{name} {p.wait_rate(name):.0f}" for name in p.cpu_wait) + " ms/s"
 
 
 # --- the report ------------------------------------------------------------------------------------
@@ -819,7 +819,7 @@ def _repeated(args: argparse.Namespace, phases: list[Phase]) -> list[str]:
 
 
 def _turn(turn: list[Phase]) -> str:
-    return ", ".join(f"{p.target} {p.pct(0.99):.1f} ms ({p.steal_rate():.0f})" for p in turn)
+    return ", ".join(f"{p.target} {p.pct(0.99):.1f} ms ({p.wait_rate('steal'):.0f})" for p in turn)
 
 
 def _where(args: argparse.Namespace, totals: dict[tuple[str, int], Totals]) -> list[str]:
@@ -867,12 +867,8 @@ def _calls_line(rate: int, target: str, t: Totals) -> str:
 
 def _worst_line(rate: int, target: str, t: Totals) -> str:
     worst = t.worst()
-
-    def per_second(p: Phase, name: str) -> float:
-        return p.cpu_wait.get(name, 0.0) * 1000 / p.measured if p.measured else float("nan")
-
     waits = ", ".join(
-        f"{name} {per_second(worst, name):.0f} ({statistics.median(per_second(p, name) for p in t.slices):.0f})"
+        f"{name} {worst.wait_rate(name):.0f} ({statistics.median(p.wait_rate(name) for p in t.slices):.0f})"
         for name in worst.cpu_wait
     )
     return (
