@@ -119,10 +119,16 @@ clean:
 # chart), go-floor and the control go-same (go-floor's code giving our answer; both registered the same way), side
 # by side: make bench-pods ANCHORS=<dir with go-floor/>. Needs root and `make go-tools`; 8 to 14 minutes on a
 # quiet machine, up to twice that where the hypervisor takes the CPUs often (its turns are run again).
-.PHONY: bench-pods
+# SAVE=<file> keeps the run's slices; make bench-pods-pool RUNS="<file> ..." reports saved runs as one, each
+# ratio with its spread over all their turns.
+.PHONY: bench-pods bench-pods-pool
 bench-pods: $(DEV)
 	@test -n "$(ANCHORS)" || { echo "make bench-pods ANCHORS=<dir with go-floor/>"; exit 2; }
-	$(BIN)/python bench/pods_bench.py --anchors $(ANCHORS) --same-answer
+	$(BIN)/python bench/pods_bench.py --anchors $(ANCHORS) --same-answer $(if $(SAVE),--save $(SAVE))
+
+bench-pods-pool: $(DEV)
+	@test -n "$(RUNS)" || { echo 'make bench-pods-pool RUNS="<file saved by make bench-pods SAVE=...> ..."'; exit 2; }
+	$(BIN)/python bench/pods_bench.py --pool $(RUNS)
 
 # What the image puller adds to a pod's start on the tests' real node, in each mode (none, socket, agent), for
 # cached and fresh images: make bench-puller [ROUNDS=7]. Needs root, the node's packages and `make go-tools`.

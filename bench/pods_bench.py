@@ -2,7 +2,8 @@
 the admission chain: what a user of the webhook feels, in one run on one control plane.
 
     python bench/pods_bench.py --anchors DIR [--pods 2000] [--rates 50,100] [--slices 5] [--connections 64]
-                               [--same-answer] [--steal-bound 50]
+                               [--same-answer] [--steal-bound 50] [--save RUN]
+    python bench/pods_bench.py --pool RUN [RUN ...]
 
 The control plane is the tests' (harness/controlplane.py: etcd and kube-apiserver built by `make go-tools`,
 in a network namespace whose loopback answers for the Service range; needs root). The chart is installed
@@ -51,7 +52,10 @@ our server's event loop over it, read from its /metrics (whatever the target, so
 our idle server's loop did meanwhile): its stalls (a timer run over 100 ms late) and the worst lag's bucket.
 The server logs what held the loop at each stall (at most a line a minute); the report ends with those lines.
 Each ratio to go-floor is also given turn by turn: in how many turns the target's slice p99 was above
-go-floor's slice of the same turn, seconds apart, and the median ratio.
+go-floor's slice of the same turn, seconds apart, and the median ratio. Each added-p99 ratio comes with its
+spread over the turns: drawn again and again with replacement, whole, as many turns as ran give the range that
+holds 90% of the ratios, and a goal inside that range is "not resolved" by the run. `--save` writes the run's
+slices; `--pool` reports saved runs as one, their turns together, so several runs give a ratio one cannot.
 """
 
 from __future__ import annotations
@@ -62,8 +66,10 @@ import contextlib
 import copy
 import functools
 import json
+import math
 import os
 import platform
+import random
 import shutil
 import signal
 import statistics
@@ -72,7 +78,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -101,6 +107,11 @@ GO_PORTS = {"go-floor": 8443, SAME_ANSWER: 8444}  # the chart's server has 443 o
 WARMUP_SECONDS = 0.5  # of each slice, at its rate, not measured
 SETTLE_SECONDS = 1.0  # between slices, after the last one's pods are deleted
 CREATE_TIMEOUT = 120.0  # seconds; a create still unanswered then counts as an error
+# The added-p99 ratios the report gives, numerator over denominator, each over **none** at the same rate.
+PAIRS = (("ours", "go-floor"), ("ours-ptrace", "go-floor"), (SAME_ANSWER, "go-floor"), ("ours-ptrace", SAME_ANSWER))
+GOALS = {("ours", "go-floor"): 2.0, ("ours-ptrace", "go-floor"): 1.2}  # against go-floor: the chart, the same work
+RESAMPLES = 1000  # draws of the turns behind each ratio's spread
+SPREAD = (0.05, 0.95)  # the spread given: 90% of the draws' ratios lie within it
 
 
 # --- CPU from /proc ------------------------------------------------------------------------------------
@@ -784,7 +795,7 @@ def report(phases: list[Phase], args: argparse.Namespace, info: dict[str, str]) 
         lines += [_row(rate, target, totals) for target in targets(args)]
     lines.append("")
     for rate in args.rates:
-        lines += _ratios(rate, totals)
+        lines += _ratios(rate, totals, spread(by_turn(kept, rate)))
     lines += _where(args, totals)
     lines += (
         _repeated(args, phases) if args.steal_bound >= 0 else ["", "No turn was run again (--steal-bound negative)."]
@@ -883,45 +894,199 @@ def _loop_cells(t: Totals) -> str:
     return f"{sum(p.stalls for p in t.slices):.0f} | " + (f"{max(lags) * 1000:g}" if lags else "")
 
 
-def _ratios(rate: int, totals: dict[tuple[str, int], Totals]) -> list[str]:
+def _ratios(rate: int, totals: dict[tuple[str, int], Totals], spreads: Spreads) -> list[str]:
     """Ours against go-floor at one rate, each with its goal: added p99 (1.2x for the same work, 2x for the
-    chart's two calls), webhook CPU (2x), and every slice's p99 within 2x go-floor's worst slice."""
-    base, floor = totals["none", rate], totals["go-floor", rate]
-    floor99, floor_cpu = floor.pct(0.99) - base.pct(0.99), floor.cpu("go-floor")
+    chart's two calls) with its spread over the turns, webhook CPU (2x), and every slice's p99 within 2x
+    go-floor's worst slice."""
+    floor = totals["go-floor", rate]
+    floor_cpu = floor.cpu("go-floor")
     floor_worst = floor.worst().pct(0.99)
+    added = added_ratios({t: x.latencies for (t, r), x in totals.items() if r == rate})
     lines = []
-    for target, goal in (("ours", 2.0), ("ours-ptrace", 1.2)):
+    for (target, _), goal in GOALS.items():
         t = totals[target, rate]
-        ratio99 = (t.pct(0.99) - base.pct(0.99)) / floor99 if floor99 > 0 else float("inf")
         ratio_cpu = t.cpu("ours") / floor_cpu if floor_cpu > 0 else float("inf")
         worst = t.worst().pct(0.99)
         lines.append(
-            f"- {rate}/s, {target} ÷ go-floor: added p99 {ratio99:.2f}x (goal {goal:g}x), "
+            f"- {rate}/s, {target} ÷ go-floor: added p99 {added[target, 'go-floor']:.2f}x (goal {goal:g}x), "
+            f"{_spread(spreads, (target, 'go-floor'), goal)}, "
             f"webhook CPU {ratio_cpu:.2f}x (goal 2x), worst slice p99 {worst:.1f} ms against go-floor's "
             f"{floor_worst:.1f} ms: {worst / floor_worst:.2f}x (goal 2x); p99 {t.against(floor)}"
         )
     if (SAME_ANSWER, rate) in totals:
-        lines += _same_answer(rate, totals)
+        lines += _same_answer(rate, totals, added, spreads)
     return lines
 
 
-def _same_answer(rate: int, totals: dict[tuple[str, int], Totals]) -> list[str]:
+def _same_answer(
+    rate: int, totals: dict[tuple[str, int], Totals], added: dict[tuple[str, str], float], spreads: Spreads
+) -> list[str]:
     """The control against both: ours-ptrace ÷ go-same is our server against Go giving the same answer;
     go-same ÷ go-floor is what our answer's longer content costs through the API server, from Go alike."""
-    base = totals["none", rate].pct(0.99)
-    added = {t: totals[t, rate].pct(0.99) - base for t in ("ours-ptrace", SAME_ANSWER, "go-floor")}
-    apiserver = {t: totals[t, rate].cpu("kube-apiserver") for t in added}
+    apiserver = {t: totals[t, rate].cpu("kube-apiserver") for t in ("ours-ptrace", SAME_ANSWER, "go-floor")}
 
     def ratio(a: str, b: str) -> str:
-        p99 = f"{added[a] / added[b]:.2f}x" if added[b] > 0 else "inf"
         paired = totals[a, rate].against(totals[b, rate])
-        return f"added p99 {p99}, kube-apiserver CPU {apiserver[a] / apiserver[b]:.2f}x; p99 {paired}"
+        return (
+            f"added p99 {added[a, b]:.2f}x ({_spread(spreads, (a, b))}), "
+            f"kube-apiserver CPU {apiserver[a] / apiserver[b]:.2f}x; p99 {paired}"
+        )
 
     return [
         f"- {rate}/s, ours-ptrace ÷ {SAME_ANSWER} (the same answer): {ratio('ours-ptrace', SAME_ANSWER)}",
         f"- {rate}/s, {SAME_ANSWER} ÷ go-floor (our answer against go-floor's, both from Go): "
         f"{ratio(SAME_ANSWER, 'go-floor')}",
     ]
+
+
+# --- how far a ratio spreads over the turns ----------------------------------------------------------
+
+Spreads = dict[tuple[str, str], tuple[float, float]]
+
+
+def added_ratios(latencies: Mapping[str, Sequence[float]]) -> dict[tuple[str, str], float]:
+    """Each pair's added p99 ratio from the targets' sorted latencies: (a's p99 - none's) / (b's - none's);
+    infinite where b adds nothing. Pairs with a target missing are left out."""
+    p99 = {target: percentile(list(values), 0.99) for target, values in latencies.items()}
+    ratios = {}
+    for a, b in PAIRS:
+        if {a, b, "none"} <= p99.keys():
+            over = p99[b] - p99["none"]
+            ratios[a, b] = (p99[a] - p99["none"]) / over if over > 0 else float("inf")
+    return ratios
+
+
+def by_turn(phases: Sequence[Phase], rate: int) -> list[dict[str, list[float]]]:
+    """The kept slices at `rate`, grouped by turn: each turn's targets' latencies, which ran seconds apart."""
+    grouped: dict[int, dict[str, list[float]]] = {}
+    for p in phases:
+        if p.rate == rate and not p.repeated:
+            grouped.setdefault(p.slice, {})[p.target] = p.latencies
+    return [grouped[turn] for turn in sorted(grouped)]
+
+
+def spread(turns: Sequence[Mapping[str, Sequence[float]]], resamples: int = RESAMPLES, seed: int = 0) -> Spreads:
+    """How far each added-p99 ratio moves with the turns that make it: `resamples` times, as many turns as
+    there are are drawn with replacement, whole (a turn's targets stay together, so each draw still compares
+    targets that ran seconds apart), their creates pooled and the ratios computed; the SPREAD quantiles of
+    the draws. Where the spread holds the goal, the run cannot tell whether the goal is met."""
+    if not turns:
+        return {}
+    draw = random.Random(seed)
+    values: dict[tuple[str, str], list[float]] = {}
+    for _ in range(resamples):
+        drawn = draw.choices(turns, k=len(turns))
+        pooled = {t: sorted(x for turn in drawn for x in turn.get(t, ())) for t in turns[0]}
+        for pair, ratio in added_ratios(pooled).items():
+            values.setdefault(pair, []).append(ratio)
+    return {pair: (percentile(sorted(v), SPREAD[0]), percentile(sorted(v), SPREAD[1])) for pair, v in values.items()}
+
+
+def _spread(spreads: Spreads, pair: tuple[str, str], goal: float | None = None) -> str:
+    """The pair's spread over the turns, and against `goal`: met (all of it at or under), missed (all of it
+    over) or not resolved."""
+    if pair not in spreads:
+        return "no spread"
+    low, high = spreads[pair]
+    text = f"{round((SPREAD[1] - SPREAD[0]) * 100)}% of turn draws {low:.2f}x to {high:.2f}x"
+    if goal is None:
+        return text
+    verdict = "met" if high <= goal else "missed" if low > goal else "not resolved"
+    return f"{text}: {verdict}"
+
+
+# --- runs saved and pooled ------------------------------------------------------------------------
+
+
+def save(path: Path, phases: Sequence[Phase]) -> None:
+    """Each slice's target, rate, turn and latencies, and whether its turn was set aside: what --pool needs."""
+    slices = [
+        {"target": p.target, "rate": p.rate, "turn": p.slice, "repeated": p.repeated,
+         "latencies": [round(x, 6) for x in p.latencies]}
+        for p in phases
+    ]  # fmt: skip
+    write_atomic(path, json.dumps({"slices": slices}).encode(), 0o644)
+
+
+def load(path: Path, run: int) -> list[Phase]:
+    """A saved run's slices, each turn numbered `run` * 1000 + its own, so pooled runs pair only slices of one
+    turn of one run."""
+    try:
+        slices = json.loads(path.read_bytes())["slices"]
+        return [
+            Phase(s["target"], int(s["rate"]), run * 1000 + int(s["turn"]),
+                  latencies=[float(x) for x in s["latencies"]], repeated=bool(s["repeated"]))
+            for s in slices
+        ]  # fmt: skip
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        sys.exit(f"{path}: not a run saved by --save ({err})")
+
+
+def pool_report(runs: Sequence[Sequence[Phase]]) -> str:
+    """The runs' kept turns as one: each target's pooled p99 and added p99, each ratio with its spread over the
+    turns of all the runs and turn by turn, and the worst-slice goal run by run (it is stated on one run)."""
+    kept = [p for run in runs for p in run if not p.repeated]
+    rates, names, totals = _pooled(kept)
+    lines = [f"{len(runs)} runs pooled, the turns run again left out", ""]
+    lines += _pooled_table(rates, names, totals)
+    lines.append("")
+    for rate in rates:
+        lines += _pooled_ratios(rate, {t: totals[t, rate] for t in names}, by_turn(kept, rate))
+    lines += ["", "Each run's worst slice of ours against go-floor's worst slice of the same run (goal 2x):"]
+    lines += [_worst_of_run(number, run, rate) for number, run in enumerate(runs, start=1) for rate in rates]
+    return "\n".join(lines)
+
+
+def _pooled(kept: Sequence[Phase]) -> tuple[list[int], list[str], dict[tuple[str, int], Totals]]:
+    """The rates and targets that ran, and each target's slices at each rate."""
+    rates = sorted({p.rate for p in kept})
+    names = [t for t in (*TARGETS, SAME_ANSWER) if any(p.target == t for p in kept)]
+    return (
+        rates,
+        names,
+        {(t, r): Totals([p for p in kept if (p.target, p.rate) == (t, r)]) for t in names for r in rates},
+    )
+
+
+def _pooled_table(rates: Sequence[int], names: Sequence[str], totals: dict[tuple[str, int], Totals]) -> list[str]:
+    lines = [
+        "| rate | target | turns | creates | p99 ms | p99.9 ms | added p99 ms |",
+        "|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    for rate in rates:
+        base = totals["none", rate].pct(0.99)
+        for t in names:
+            x = totals[t, rate]
+            added = "" if t == "none" else f"{x.pct(0.99) - base:.1f}"
+            lines.append(f"| {rate}/s | {t} | {len(x.slices)} | {len(x.latencies)} | {x.pct(0.99):.1f} "
+                         f"| {x.pct(0.999):.1f} | {added} |")  # fmt: skip
+    return lines
+
+
+def _pooled_ratios(
+    rate: int, totals: Mapping[str, Totals], turns: Sequence[Mapping[str, Sequence[float]]]
+) -> list[str]:
+    ratios, spreads = added_ratios({t: x.latencies for t, x in totals.items()}), spread(turns)
+    lines = []
+    for a, b in (pair for pair in PAIRS if pair in ratios):
+        goal = GOALS.get((a, b))
+        stated = f" (goal {goal:g}x)" if goal else ""
+        lines.append(
+            f"- {rate}/s, {a} ÷ {b}: added p99 {ratios[a, b]:.2f}x{stated}, {_spread(spreads, (a, b), goal)} "
+            f"({len(turns)} turns); p99 {totals[a].against(totals[b])}"
+        )
+    return lines
+
+
+def _worst_of_run(number: int, run: Sequence[Phase], rate: int) -> str:
+    worst = {
+        t: max((p.pct(0.99) for p in run if (p.target, p.rate) == (t, rate) and not p.repeated), default=math.nan)
+        for t in ("ours", "ours-ptrace", "go-floor")
+    }
+    return (
+        f"- run {number}, {rate}/s: ours {worst['ours'] / worst['go-floor']:.2f}x, ours-ptrace "
+        f"{worst['ours-ptrace'] / worst['go-floor']:.2f}x (go-floor's worst {worst['go-floor']:.1f} ms)"
+    )
 
 
 def _quiet_closed(loop: asyncio.AbstractEventLoop, context: dict[str, object]) -> None:
@@ -933,7 +1098,7 @@ def _quiet_closed(loop: asyncio.AbstractEventLoop, context: dict[str, object]) -
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--anchors", type=Path, required=True)
+    parser.add_argument("--anchors", type=Path, help="the folder holding go-floor/ (every run needs it)")
     parser.add_argument("--pods", type=int, default=2000, help="measured creates per phase")
     parser.add_argument("--rates", type=lambda s: [int(r) for r in s.split(",")], default=[50, 100])
     parser.add_argument("--slices", type=int, default=5, help="each target's pods are sent in this many turns")
@@ -951,7 +1116,16 @@ def main() -> None:
         action="store_true",
         help=f"add the control {SAME_ANSWER}: go-floor's code answering what our /mutate/ptrace answers",
     )
+    parser.add_argument("--save", type=Path, help="write the run's slices here, for --pool")
+    parser.add_argument(
+        "--pool", type=Path, nargs="+", metavar="RUN", help="report runs saved with --save as one, and run nothing"
+    )
     args = parser.parse_args()
+    if args.pool:
+        print(pool_report([load(path, number) for number, path in enumerate(args.pool, start=1)]))
+        return
+    if args.anchors is None:
+        parser.error("--anchors is needed to run (or --pool to report saved runs)")
     go = _preflight(args.anchors.resolve(), args.same_answer)
     work = Path(tempfile.mkdtemp(prefix="copilot-webhook-pods-bench-"))
     started = time.monotonic()
@@ -964,6 +1138,8 @@ def main() -> None:
             print(f"work folder kept: {work}", file=sys.stderr)
         else:
             shutil.rmtree(work, ignore_errors=True)
+    if args.save:
+        save(args.save, phases)
     print(report(phases, args, info))
     print(f"\n(the run took {time.monotonic() - started:.0f} s)")
 

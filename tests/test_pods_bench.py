@@ -11,6 +11,9 @@ import signal
 import subprocess
 from collections import Counter
 from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
 
 from bench.pods_bench import (
     API_WEBHOOK,
@@ -20,8 +23,13 @@ from bench.pods_bench import (
     Totals,
     Usage,
     _measured,
+    _spread,
+    load,
+    pool_report,
     report,
     run_turn,
+    save,
+    spread,
     turns,
     usage,
 )
@@ -100,7 +108,8 @@ def test_the_control_is_set_against_ours_and_go_floor() -> None:
     text = report(phases, args, info)
     assert any(line.startswith("| 50/s | go-same | 15.0 |") for line in text.splitlines())
     assert (
-        "ours-ptrace ÷ go-same (the same answer): added p99 1.20x, kube-apiserver CPU 1.20x; p99 slice by slice "
+        "ours-ptrace ÷ go-same (the same answer): added p99 1.20x (90% of turn draws 1.20x to 1.20x), kube-apiserver "
+        "CPU 1.20x; p99 slice by slice "
         "above in 2 of 2 turns (median ratio 1.13x)" in text
     )
     assert "go-same ÷ go-floor (our answer against go-floor's, both from Go): added p99 2.50x" in text
@@ -272,3 +281,60 @@ def test_a_slice_whose_creates_all_failed_still_has_a_length_to_divide_its_waits
     assert _measured([1.0, 2.0], [3.0, 5.0], 9.0) == (4.0, 0.5), "from the first start to the last answer"
     assert _measured([1.0, 2.0], [], 9.0) == (8.0, 0.0), "no answer: until the usage was read after the last failure"
     assert _measured([], [], 9.0) == (0.0, 0.0)
+
+
+def _turn(ms: dict[str, float], count: int = 100) -> dict[str, list[float]]:
+    return {target: [value / 1000] * count for target, value in ms.items()}
+
+
+def test_a_ratios_spread_over_the_turns_says_whether_one_run_can_tell_the_goal() -> None:
+    same = [_turn({"none": 5.0, "ours-ptrace": 10.0 + i, "go-floor": 10.0 + i}) for i in range(5)]
+    assert spread(same)["ours-ptrace", "go-floor"] == (1.0, 1.0), "equal in every turn: every draw says so"
+    assert _spread(spread(same), ("ours-ptrace", "go-floor"), 1.2) == "90% of turn draws 1.00x to 1.00x: met"
+    over = [_turn({"none": 5.0, "ours-ptrace": 20.0 + i, "go-floor": 10.0 + i}) for i in range(5)]
+    low, high = spread(over)["ours-ptrace", "go-floor"]
+    assert 2.1 < low <= high <= 3.0, "(15 + i) / (5 + i) ms added, i the worst turn drawn"
+    assert _spread(spread(over), ("ours-ptrace", "go-floor"), 1.2).endswith(": missed")
+    # One turn far above and four equal: which draws hold that turn decides the ratio, so the run cannot tell.
+    one = [_turn({"none": 5.0, "ours-ptrace": 60.0 if i == 0 else 10.0, "go-floor": 10.0}) for i in range(5)]
+    low, high = spread(one)["ours-ptrace", "go-floor"]
+    assert (low, high) == (1.0, 11.0)
+    assert _spread(spread(one), ("ours-ptrace", "go-floor"), 1.2).endswith(": not resolved")
+    assert spread(one, seed=0) == spread(one, seed=0), "the same turns give the same spread"
+    assert ("go-same", "go-floor") not in spread(one), "a pair with a target that did not run has no spread"
+    assert _spread({}, ("go-same", "go-floor")) == "no spread"
+
+
+def _run(turn_ms: list[dict[str, float]], stolen: int | None = None) -> list[Phase]:
+    phases = []
+    for number, ms in enumerate(turn_ms, start=1):
+        for target, latencies in _turn(ms).items():
+            phases.append(Phase(target, 50, number, latencies=latencies, repeated=number == stolen))
+    return phases
+
+
+def test_saved_runs_pool_their_kept_turns_and_pair_only_slices_of_one_turn_of_one_run(tmp_path: Path) -> None:
+    quiet = {"none": 5.0, "ours": 14.0, "ours-ptrace": 10.0, "go-floor": 10.0}
+    first = _run([quiet, {**quiet, "ours-ptrace": 11.0}, {k: 400.0 for k in quiet}], stolen=3)
+    second = _run([{**quiet, "go-floor": 12.0}, quiet])
+    for name, run in (("a.json", first), ("b.json", second)):
+        save(tmp_path / name, run)
+    runs = [load(tmp_path / "a.json", 1), load(tmp_path / "b.json", 2)]
+    assert [p.slice for p in runs[1]] == [2001] * 4 + [2002] * 4
+    assert runs[0][0].latencies == first[0].latencies
+    text = pool_report(runs)
+    assert "| 50/s | ours-ptrace | 4 | 400 | 11.0 | 11.0 | 6.0 |" in text, "the turn set aside is left out"
+    assert "| 50/s | go-floor | 4 | 400 | 12.0 | 12.0 | 7.0 |" in text
+    assert "- 50/s, ours-ptrace ÷ go-floor: added p99 0.86x (goal 1.2x), 90% of turn draws" in text
+    # Turn by turn over both runs: ours-ptrace above go-floor in the first run's second turn alone.
+    assert "p99 slice by slice above in 1 of 4 turns (median ratio 1.00x)" in text
+    assert "- run 1, 50/s: ours 1.40x, ours-ptrace 1.10x (go-floor's worst 10.0 ms)" in text
+    assert "- run 2, 50/s: ours 1.17x, ours-ptrace 0.83x (go-floor's worst 12.0 ms)" in text
+
+
+def test_a_file_that_is_not_a_saved_run_is_named_not_a_traceback(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"slices": [{"target": "none"}]}')
+    with pytest.raises(SystemExit) as exited:
+        load(bad, 1)
+    assert str(exited.value.code).startswith(f"{bad}: not a run saved by --save (")
