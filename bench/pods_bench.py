@@ -979,7 +979,11 @@ def spread(turns: Sequence[Mapping[str, Sequence[float]]], resamples: int = RESA
         pooled = {t: sorted(x for turn in drawn for x in turn.get(t, ())) for t in turns[0]}
         for pair, ratio in added_ratios(pooled).items():
             values.setdefault(pair, []).append(ratio)
-    return {pair: (percentile(sorted(v), SPREAD[0]), percentile(sorted(v), SPREAD[1])) for pair, v in values.items()}
+    spreads = {}
+    for pair, drawn_ratios in values.items():
+        ordered = sorted(r for r in drawn_ratios if r == r)  # NaN: a draw in which a target had no answered create
+        spreads[pair] = (percentile(ordered, SPREAD[0]), percentile(ordered, SPREAD[1]))
+    return spreads
 
 
 def _spread(spreads: Spreads, pair: tuple[str, str], goal: float | None = None) -> str:
@@ -988,11 +992,16 @@ def _spread(spreads: Spreads, pair: tuple[str, str], goal: float | None = None) 
     if pair not in spreads:
         return "no spread"
     low, high = spreads[pair]
-    text = f"{round((SPREAD[1] - SPREAD[0]) * 100)}% of turn draws {low:.2f}x to {high:.2f}x"
+    text = f"{round((SPREAD[1] - SPREAD[0]) * 100)}% of turn draws {_times(low)} to {_times(high)}"
     if goal is None:
         return text
     verdict = "met" if high <= goal else "missed" if low > goal else "not resolved"
     return f"{text}: {verdict}"
+
+
+def _times(ratio: float) -> str:
+    """A ratio as the report writes it; "no bound" where the denominator added nothing in some draws."""
+    return f"{ratio:.2f}x" if math.isfinite(ratio) else "no bound"
 
 
 # --- runs saved and pooled ------------------------------------------------------------------------
@@ -1126,6 +1135,8 @@ def main() -> None:
         return
     if args.anchors is None:
         parser.error("--anchors is needed to run (or --pool to report saved runs)")
+    if args.save and not args.save.resolve().parent.is_dir():
+        parser.error(f"--save {args.save}: no such folder")
     go = _preflight(args.anchors.resolve(), args.same_answer)
     work = Path(tempfile.mkdtemp(prefix="copilot-webhook-pods-bench-"))
     started = time.monotonic()
@@ -1138,10 +1149,10 @@ def main() -> None:
             print(f"work folder kept: {work}", file=sys.stderr)
         else:
             shutil.rmtree(work, ignore_errors=True)
-    if args.save:
-        save(args.save, phases)
     print(report(phases, args, info))
     print(f"\n(the run took {time.monotonic() - started:.0f} s)")
+    if args.save:
+        save(args.save, phases)
 
 
 if __name__ == "__main__":

@@ -303,6 +303,11 @@ def test_a_ratios_spread_over_the_turns_says_whether_one_run_can_tell_the_goal()
     assert spread(one, seed=0) == spread(one, seed=0), "the same turns give the same spread"
     assert ("go-same", "go-floor") not in spread(one), "a pair with a target that did not run has no spread"
     assert _spread({}, ("go-same", "go-floor")) == "no spread"
+    # go-floor adds nothing in the first turn: a draw of that turn alone has no ratio to give.
+    flat = [_turn({"none": 10.0, "ours-ptrace": 12.0, "go-floor": 10.0}), *one[1:]]
+    assert (
+        _spread(spread(flat), ("ours-ptrace", "go-floor"), 1.2) == "90% of turn draws 1.00x to no bound: not resolved"
+    )
 
 
 def _run(turn_ms: list[dict[str, float]], stolen: int | None = None) -> list[Phase]:
