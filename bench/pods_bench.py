@@ -777,7 +777,7 @@ def _server(target: str) -> str:
 
 def report(phases: list[Phase], args: argparse.Namespace, info: dict[str, str]) -> str:
     kept = [p for p in phases if not p.repeated]
-    totals = {(p.target, p.rate): Totals([q for q in kept if (q.target, q.rate) == (p.target, p.rate)]) for p in kept}
+    _, _, totals = _pooled(kept)
     lines = [
         f"{args.pods} pods per target and rate, in {args.slices} slices each preceded by {WARMUP_SECONDS} s of "
         f"unmeasured warm-up, the targets in turn (a Williams design's order; {_rerun_rule(args)}); {args.connections} "
@@ -944,10 +944,10 @@ def _same_answer(
 Spreads = dict[tuple[str, str], tuple[float, float]]
 
 
-def added_ratios(latencies: Mapping[str, Sequence[float]]) -> dict[tuple[str, str], float]:
+def added_ratios(latencies: Mapping[str, list[float]]) -> dict[tuple[str, str], float]:
     """Each pair's added p99 ratio from the targets' sorted latencies: (a's p99 - none's) / (b's - none's);
     infinite where b adds nothing. Pairs with a target missing are left out."""
-    p99 = {target: percentile(list(values), 0.99) for target, values in latencies.items()}
+    p99 = {target: percentile(values, 0.99) for target, values in latencies.items()}
     ratios = {}
     for a, b in PAIRS:
         if {a, b, "none"} <= p99.keys():
